@@ -1,0 +1,36 @@
+"""Errors raised by the front ends. Each names what was wrong and where, like pydantic-core's."""
+
+from __future__ import annotations
+
+
+class GrammarError(ValueError):
+    """A constraint that cannot be compiled."""
+
+
+class RegexError(GrammarError):
+    """A regular expression that is malformed or uses a feature we cannot enforce."""
+
+    def __init__(self, message: str, pattern: str, position: int | None = None) -> None:
+        where = f" at position {position}" if position is not None else ""
+        super().__init__(f"{message}{where} in pattern {pattern!r}")
+        self.pattern = pattern
+        self.position = position
+
+
+class SchemaError(GrammarError):
+    """A JSON Schema that is malformed or uses a keyword we cannot enforce."""
+
+    def __init__(self, message: str, pointer: str = "", keyword: str | None = None) -> None:
+        where = f" at {pointer or '#'}" if pointer is not None else ""
+        super().__init__(f"{message}{where}")
+        self.pointer = pointer
+        self.keyword = keyword
+
+
+class LarkGrammarError(GrammarError):
+    """A Lark grammar that is malformed or uses a feature we do not support."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        where = f" (grammar line {line})" if line is not None else ""
+        super().__init__(f"{message}{where}")
+        self.line = line
