@@ -1,0 +1,444 @@
+"""Brzozowski derivatives over the grammar IR: the byte-level automaton, explored lazily.
+
+Every IR expression is interned ("hash-consed") into an ``ExprTable`` and gets an integer id, so
+a parser state is just an id: the expression that remains to be matched. The derivative of an
+expression by a byte is the expression that must match the rest of the input; equal remainders
+share an id, which is what makes states cacheable across matchers and sequences.
+
+Rule references (``Ref``) are expanded only when a derivative needs them, so recursion costs
+memory proportional to the depth actually used: the chain of pending ``Seq`` tails *is* the
+pushdown stack. Left recursion would expand forever; it is detected and reported.
+
+Intersection and complement are native to derivatives; they are why a state that is not
+``NOTHING`` can still have an empty language, so such states get an explicit liveness search.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Sequence
+
+import numpy as np
+
+from grammars import ir
+from grammars.errors import GrammarError
+
+# Expression kinds.
+K_NOTHING, K_EMPTY, K_BYTES, K_SEQ, K_ALT, K_AND, K_NOT, K_REPEAT, K_REF = range(9)
+
+NOTHING = 0
+EMPTY = 1
+ALL_BYTES = (1 << 256) - 1
+
+# How far a liveness search of an intersection/complement state may explore before giving up
+# (and treating the state as live: a wrong guess can only stall a walk, never admit a bad byte).
+LIVENESS_BUDGET = 4096
+DEFAULT_MAX_STATES = 2_000_000
+
+
+class StateLimitError(GrammarError):
+    """The constraint needs more automaton states than the configured limit allows."""
+
+
+class ExprTable:
+    """Interned expressions, their derivatives and their byte transition rows.
+
+    Thread-safe: every method that creates expressions takes ``self.lock``.
+    """
+
+    def __init__(self, grammar: ir.Grammar, *, max_states: int = DEFAULT_MAX_STATES) -> None:
+        self.lock = threading.RLock()
+        self.max_states = max_states
+        self._kind: list[int] = []
+        self._args: list[tuple] = []
+        self._nullable: list[bool | None] = []
+        self._boolean: list[bool] = []  # contains And/Not: language may be empty though not NOTHING
+        self._intern: dict[tuple, int] = {}
+        self._deriv: dict[int, int] = {}
+        self._classes: dict[int, tuple[int, ...]] = {}
+        self._live: dict[int, bool] = {}
+        self._rule_ids = {name: i for i, name in enumerate(grammar.rules)}
+        self._rule_nodes = list(grammar.rules.values())
+        self._rule_body: list[int | None] = [None] * len(self._rule_nodes)
+        self._converted: dict[ir.Node, int] = {}
+        self._expanding: set[int] = set()
+        self._deriving: set[int] = set()
+        self._new(K_NOTHING, (), False, False)
+        self._new(K_EMPTY, (), True, False)
+        # Dense transition rows, filled lazily: rows[s, b] = derivative of state s by byte b.
+        self.rows = np.zeros((1024, 256), dtype=np.int32)
+        self.row_done = np.zeros(1024, dtype=bool)
+        self.row_done[NOTHING] = True
+        self.rows[EMPTY] = NOTHING
+        self.row_done[EMPTY] = True
+        if grammar.start not in self._rule_ids:
+            raise GrammarError(f"grammar has no start rule {grammar.start!r}")
+        with self.lock:
+            self.start = self._mk_ref(self._rule_ids[grammar.start])
+
+    # ------------------------------------------------------------------ interning
+
+    def __len__(self) -> int:
+        return len(self._kind)
+
+    def _new(self, kind: int, args: tuple, nullable: bool | None, boolean: bool) -> int:
+        key = (kind, *args)
+        found = self._intern.get(key)
+        if found is not None:
+            return found
+        i = len(self._kind)
+        if i >= self.max_states:
+            raise StateLimitError(
+                f"constraint needs more than {self.max_states} automaton states; "
+                "simplify it or raise max_states"
+            )
+        self._kind.append(kind)
+        self._args.append(args)
+        self._nullable.append(nullable)
+        self._boolean.append(boolean)
+        self._intern[key] = i
+        return i
+
+    def _mk_bytes(self, mask: int) -> int:
+        return NOTHING if mask == 0 else self._new(K_BYTES, (mask,), False, False)
+
+    def _mk_seq(self, a: int, b: int) -> int:
+        if a == NOTHING or b == NOTHING:
+            return NOTHING
+        if a == EMPTY:
+            return b
+        if b == EMPTY:
+            return a
+        if self._kind[a] == K_SEQ:  # keep sequences right-nested: (x y) z -> x (y z)
+            x, y = self._args[a]
+            return self._mk_seq(x, self._mk_seq(y, b))
+        na, nb = self._nullable[a], self._nullable[b]
+        nullable = None if na is None or nb is None else (na and nb)
+        return self._new(K_SEQ, (a, b), nullable, self._boolean[a] or self._boolean[b])
+
+    def _mk_alt(self, items: Sequence[int]) -> int:
+        flat: set[int] = set()
+        mask = 0
+        for i in items:
+            k = self._kind[i]
+            if k == K_ALT:
+                parts = self._args[i][0]
+            else:
+                parts = (i,)
+            for p in parts:
+                if p == NOTHING:
+                    continue
+                if self._kind[p] == K_BYTES:
+                    mask |= self._args[p][0]
+                else:
+                    flat.add(p)
+        # Left-factor sequences sharing a head: x a | x b -> x (a | b). Keeps derivatives of big
+        # enums and key sets small.
+        by_head: dict[int, list[int]] = {}
+        for p in flat:
+            if self._kind[p] == K_SEQ:
+                by_head.setdefault(self._args[p][0], []).append(p)
+        for head, group in by_head.items():
+            if len(group) > 1:
+                for p in group:
+                    flat.discard(p)
+                flat.add(self._mk_seq(head, self._mk_alt([self._args[p][1] for p in group])))
+        if mask:
+            flat.add(self._mk_bytes(mask))
+        if not flat:
+            return NOTHING
+        if len(flat) == 1:
+            return next(iter(flat))
+        members = tuple(sorted(flat))
+        ns = [self._nullable[m] for m in members]
+        nullable = True if any(n is True for n in ns) else (None if any(n is None for n in ns) else False)
+        return self._new(K_ALT, (members,), nullable, any(self._boolean[m] for m in members))
+
+    def _mk_and(self, items: Sequence[int]) -> int:
+        flat: set[int] = set()
+        for i in items:
+            parts = self._args[i][0] if self._kind[i] == K_AND else (i,)
+            for p in parts:
+                if p == NOTHING:
+                    return NOTHING
+                flat.add(p)
+        kinds = {self._kind[p] for p in flat}
+        if kinds == {K_BYTES}:
+            mask = ALL_BYTES
+            for p in flat:
+                mask &= self._args[p][0]
+            return self._mk_bytes(mask)
+        if EMPTY in flat:
+            return EMPTY if all(self.nullable(p) for p in flat) else NOTHING
+        if len(flat) == 1:
+            return next(iter(flat))
+        members = tuple(sorted(flat))
+        ns = [self._nullable[m] for m in members]
+        nullable = False if any(n is False for n in ns) else (None if any(n is None for n in ns) else True)
+        return self._new(K_AND, (members,), nullable, True)
+
+    def _mk_not(self, a: int) -> int:
+        if self._kind[a] == K_NOT:
+            return self._args[a][0]
+        na = self._nullable[a]
+        return self._new(K_NOT, (a,), None if na is None else not na, True)
+
+    def _mk_repeat(self, a: int, lo: int, hi: int | None) -> int:
+        if hi == 0 or a == EMPTY:
+            return EMPTY
+        if a == NOTHING:
+            return EMPTY if lo == 0 else NOTHING
+        if lo == 1 and hi == 1:
+            return a
+        if lo and self.nullable(a):  # a nullable: a{n,m} == a{0,m}
+            lo = 0
+        return self._new(K_REPEAT, (a, lo, hi), True if lo == 0 else self._nullable[a], self._boolean[a])
+
+    def _mk_ref(self, rule: int) -> int:
+        return self._new(K_REF, (rule,), None, False)
+
+    # ------------------------------------------------------------------ IR conversion
+
+    def _convert(self, node: ir.Node) -> int:
+        """Intern an IR tree. Iterative over ``Seq``/``Alt`` children to survive deep inputs."""
+        done = self._converted.get(node)
+        if done is not None:
+            return done
+        if isinstance(node, ir.Bytes):
+            out = self._mk_bytes(node.mask)
+        elif isinstance(node, ir.Seq):
+            out = EMPTY
+            for item in reversed(node.items):
+                out = self._mk_seq(self._convert(item), out)
+        elif isinstance(node, ir.Alt):
+            out = self._mk_alt([self._convert(i) for i in node.items])
+        elif isinstance(node, ir.And):
+            out = self._mk_and([self._convert(i) for i in node.items])
+        elif isinstance(node, ir.Not):
+            out = self._mk_not(self._convert(node.item))
+        elif isinstance(node, ir.Repeat):
+            out = self._mk_repeat(self._convert(node.item), node.min, node.max)
+        elif isinstance(node, ir.Ref):
+            rule = self._rule_ids.get(node.name)
+            if rule is None:
+                raise GrammarError(f"reference to undefined rule {node.name!r}")
+            out = self._mk_ref(rule)
+        else:
+            raise TypeError(f"not an IR node: {node!r}")
+        self._converted[node] = out
+        return out
+
+    def _body(self, rule: int) -> int:
+        body = self._rule_body[rule]
+        if body is None:
+            body = self._rule_body[rule] = self._convert(self._rule_nodes[rule])
+        return body
+
+    # ------------------------------------------------------------------ semantics
+
+    def nullable(self, e: int) -> bool:
+        """Whether ``e`` matches the empty string (the document may end here)."""
+        n = self._nullable[e]
+        if n is not None:
+            return n
+        with self.lock:
+            if e in self._expanding:  # a cycle through rules: this path adds no empty match
+                return False
+            self._expanding.add(e)
+            try:
+                k, a = self._kind[e], self._args[e]
+                if k == K_REF:
+                    n = self.nullable(self._body(a[0]))
+                elif k == K_SEQ:
+                    n = self.nullable(a[0]) and self.nullable(a[1])
+                elif k == K_ALT:
+                    n = any(self.nullable(m) for m in a[0])
+                elif k == K_AND:
+                    n = all(self.nullable(m) for m in a[0])
+                elif k == K_NOT:
+                    n = not self.nullable(a[0])
+                elif k == K_REPEAT:
+                    n = a[1] == 0 or self.nullable(a[0])
+                else:
+                    n = k == K_EMPTY
+            finally:
+                self._expanding.discard(e)
+            self._nullable[e] = n
+            return n
+
+    def derive(self, e: int, byte: int) -> int:
+        """The expression left to match after ``byte``."""
+        key = e * 256 + byte
+        out = self._deriv.get(key)
+        if out is not None:
+            return out
+        with self.lock:
+            if key in self._deriving:
+                raise GrammarError("left-recursive grammar: a rule can reach itself without consuming input")
+            self._deriving.add(key)
+            try:
+                out = self._derive(e, byte)
+            finally:
+                self._deriving.discard(key)
+            self._deriv[key] = out
+            return out
+
+    def _derive(self, e: int, b: int) -> int:
+        k, a = self._kind[e], self._args[e]
+        if k == K_BYTES:
+            return EMPTY if (a[0] >> b) & 1 else NOTHING
+        if k == K_SEQ:
+            head, tail = a
+            out = self._mk_seq(self.derive(head, b), tail)
+            if self.nullable(head):
+                out = self._mk_alt([out, self.derive(tail, b)])
+            return out
+        if k == K_ALT:
+            return self._mk_alt([self.derive(m, b) for m in a[0]])
+        if k == K_AND:
+            return self._mk_and([self.derive(m, b) for m in a[0]])
+        if k == K_NOT:
+            return self._mk_not(self.derive(a[0], b))
+        if k == K_REPEAT:
+            item, lo, hi = a
+            rest = self._mk_repeat(item, max(lo - 1, 0), None if hi is None else hi - 1)
+            return self._mk_seq(self.derive(item, b), rest)
+        if k == K_REF:
+            return self.derive(self._body(a[0]), b)
+        return NOTHING
+
+    def byte_classes(self, e: int) -> tuple[int, ...]:
+        """A partition of the 256 bytes such that bytes of one part have equal derivatives."""
+        got = self._classes.get(e)
+        if got is not None:
+            return got
+        with self.lock:
+            if e in self._expanding:
+                return (ALL_BYTES,)
+            self._expanding.add(e)
+            try:
+                k, a = self._kind[e], self._args[e]
+                if k == K_BYTES:
+                    parts: tuple[int, ...] = tuple(p for p in (a[0], ALL_BYTES ^ a[0]) if p)
+                elif k == K_SEQ:
+                    parts = self.byte_classes(a[0])
+                    if self.nullable(a[0]):
+                        parts = _refine(parts, self.byte_classes(a[1]))
+                elif k in (K_ALT, K_AND):
+                    parts = (ALL_BYTES,)
+                    for m in a[0]:
+                        parts = _refine(parts, self.byte_classes(m))
+                elif k in (K_NOT, K_REPEAT):
+                    parts = self.byte_classes(a[0])
+                elif k == K_REF:
+                    parts = self.byte_classes(self._body(a[0]))
+                else:
+                    parts = (ALL_BYTES,)
+            finally:
+                self._expanding.discard(e)
+            self._classes[e] = parts
+            return parts
+
+    def is_live(self, e: int) -> bool:
+        """Whether some byte string leads from ``e`` to acceptance."""
+        if e == NOTHING:
+            return False
+        if not self._boolean[e]:
+            return True  # smart constructors reduce every empty regular expression to NOTHING
+        got = self._live.get(e)
+        if got is not None:
+            return got
+        with self.lock:
+            seen, frontier, live = {e}, [e], False
+            while frontier and len(seen) < LIVENESS_BUDGET:
+                s = frontier.pop()
+                if self.nullable(s) or self._live.get(s):
+                    live = True
+                    break
+                for part in self.byte_classes(s):
+                    n = self.derive(s, (part & -part).bit_length() - 1)
+                    if n != NOTHING and n not in seen:
+                        seen.add(n)
+                        frontier.append(n)
+            else:
+                live = bool(frontier)  # budget exhausted: assume live (see LIVENESS_BUDGET)
+            self._live[e] = live
+            return live
+
+    # ------------------------------------------------------------------ transition rows
+
+    def ensure_rows(self, states: np.ndarray | Sequence[int]) -> None:
+        """Fill ``rows[s]`` for every state in ``states`` (dead successors recorded as NOTHING)."""
+        todo = [int(s) for s in states if s >= len(self.row_done) or not self.row_done[s]]
+        if not todo:
+            return
+        with self.lock:
+            for s in todo:
+                self._fill_row(s)
+
+    def row(self, s: int) -> np.ndarray:
+        if s >= len(self.row_done) or not self.row_done[s]:
+            with self.lock:
+                self._fill_row(s)
+        return self.rows[s]
+
+    def _fill_row(self, s: int) -> None:
+        if s < len(self.row_done) and self.row_done[s]:
+            return
+        out = np.zeros(256, dtype=np.int32)
+        for part in self.byte_classes(s):
+            n = self.derive(s, (part & -part).bit_length() - 1)
+            if n != NOTHING and self.is_live(n):
+                out[_bits(part)] = n
+        self._grow(max(s, len(self._kind)) + 1)
+        self.rows[s] = out
+        self.row_done[s] = True
+
+    def _grow(self, need: int) -> None:
+        cap = len(self.row_done)
+        if need <= cap:
+            return
+        new_cap = max(need, cap * 2)
+        rows = np.zeros((new_cap, 256), dtype=np.int32)
+        rows[:cap] = self.rows
+        done = np.zeros(new_cap, dtype=bool)
+        done[:cap] = self.row_done
+        self.rows, self.row_done = rows, done
+
+
+_BITS_CACHE: dict[int, np.ndarray] = {}
+
+
+def _bits(mask: int) -> np.ndarray:
+    got = _BITS_CACHE.get(mask)
+    if got is None:
+        got = np.array([b for b in range(256) if (mask >> b) & 1], dtype=np.int32)
+        if len(_BITS_CACHE) < 65536:
+            _BITS_CACHE[mask] = got
+    return got
+
+
+def _refine(p: tuple[int, ...], q: tuple[int, ...]) -> tuple[int, ...]:
+    if len(p) == 1:
+        return q
+    if len(q) == 1:
+        return p
+    return tuple(x & y for x in p for y in q if x & y)
+
+
+def matches(grammar: ir.Grammar | ir.Node, data: bytes) -> bool:
+    """Whether ``data`` is in the language of ``grammar`` (an oracle-friendly helper for tests)."""
+    g = grammar if isinstance(grammar, ir.Grammar) else ir.Grammar.of(grammar)
+    table = ExprTable(g)
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 20000))
+    try:
+        s = table.start
+        for b in data:
+            s = table.derive(s, b)
+            if s == NOTHING:
+                return False
+        return table.nullable(s)
+    finally:
+        sys.setrecursionlimit(old)
