@@ -1,0 +1,1 @@
+from constrain.vocabulary import Vocabulary
