@@ -1,0 +1,148 @@
+"""The token automaton: grammar states x vocabulary -> token masks and token transitions.
+
+States are the interned expressions of ``constrain.derivatives``. A state's mask is computed the
+first time some sequence reaches it, by one vectorised walk of the token trie, and cached; every
+matcher of the compiled grammar shares the cache, so the steady state is a dictionary hit.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from constrain.derivatives import NOTHING, ExprTable
+from constrain.token_trie import TokenTrie, expand_ranges
+
+DEFAULT_MASK_CACHE = 4096
+MAX_FORCED_BYTES = 4096
+
+_tries: dict[object, TokenTrie] = {}
+_tries_lock = threading.Lock()
+
+
+def trie_for(vocab) -> TokenTrie:
+    """The token trie of ``vocab``, built once per vocabulary and process."""
+    key = getattr(vocab, "fingerprint", None) or id(vocab)
+    with _tries_lock:
+        trie = _tries.get(key)
+        if trie is None:
+            trie = _tries[key] = TokenTrie(vocab.token_bytes)
+        return trie
+
+
+class TokenAutomaton:
+    """Masks and transitions over a vocabulary for one grammar; safe to share between threads."""
+
+    def __init__(self, table: ExprTable, vocab, *, mask_cache_size: int = DEFAULT_MASK_CACHE) -> None:
+        self.table = table
+        self.vocab = vocab
+        self.trie = trie_for(vocab)
+        self.token_bytes = vocab.token_bytes
+        self.eos_token_ids = tuple(vocab.eos_token_ids)
+        self.n_words = (vocab.vocab_size + 31) // 32
+        self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._mask_cache_size = mask_cache_size
+        self._lock = threading.RLock()
+        if sys.getrecursionlimit() < 20000:
+            sys.setrecursionlimit(20000)  # derivatives recurse along long optional sequences
+
+    @property
+    def initial_state(self) -> int:
+        return self.table.start
+
+    def is_accepting(self, state: int) -> bool:
+        """Whether the document may end here (a stop token is allowed)."""
+        return self.table.nullable(state)
+
+    def next_state(self, state: int, token: int) -> int:
+        """The state after ``token``, or -1 when the mask forbids it (stop tokens excluded)."""
+        if not 0 <= token < len(self.token_bytes):
+            return -1
+        data = self.token_bytes[token]
+        if not data:
+            return -1
+        rows, done = self.table.rows, self.table.row_done
+        s = state
+        for b in data:
+            if s >= len(done) or not done[s]:
+                self.table.ensure_rows((s,))
+                rows, done = self.table.rows, self.table.row_done
+            s = int(rows[s, b])
+            if s == NOTHING:
+                return -1
+        return s
+
+    def mask(self, state: int) -> np.ndarray:
+        """The allowed-token bitmask words (int32) of ``state``, stop tokens included."""
+        got = self._masks.get(state)
+        if got is not None:
+            return got
+        with self._lock:
+            got = self._masks.get(state)
+            if got is None:
+                tokens, _ = self.transitions(state)
+                got = self._pack(tokens, self.is_accepting(state))
+                self._masks[state] = got
+                if len(self._masks) > self._mask_cache_size:
+                    self._masks.popitem(last=False)
+            return got
+
+    def transitions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every allowed non-stop token of ``state`` and the state each one leads to."""
+        table, levels = self.table, self.trie.levels
+        if not levels or state == NOTHING:
+            return np.zeros(0, np.int32), np.zeros(0, np.int32)
+        with table.lock:
+            table.ensure_rows((state,))
+            level = levels[0]
+            nxt = table.rows[state, level.byte]
+            idx = np.nonzero(nxt)[0]
+            st = nxt[idx]
+            tok_parts, next_parts = [], []
+            for depth, level in enumerate(levels):
+                if len(idx) == 0:
+                    break
+                ends, counts = expand_ranges(level.tok_start[idx], level.tok_end[idx])
+                if len(ends):
+                    tok_parts.append(level.end_tokens[ends])
+                    next_parts.append(np.repeat(st, counts))
+                if depth + 1 == len(levels):
+                    break
+                children, counts = expand_ranges(level.child_start[idx], level.child_end[idx])
+                if len(children) == 0:
+                    break
+                parent_states = np.repeat(st, counts)
+                table.ensure_rows(np.unique(parent_states))
+                nxt = table.rows[parent_states, levels[depth + 1].byte[children]]
+                keep = np.nonzero(nxt)[0]
+                idx, st = children[keep], nxt[keep]
+        if not tok_parts:
+            return np.zeros(0, np.int32), np.zeros(0, np.int32)
+        return np.concatenate(tok_parts).astype(np.int32), np.concatenate(next_parts).astype(np.int32)
+
+    def terminated_mask(self) -> np.ndarray:
+        """The mask after a stop token: only stop tokens (engines pad finished rows with them)."""
+        return self._pack(np.zeros(0, np.int64), True)
+
+    def _pack(self, tokens: np.ndarray, accepting: bool) -> np.ndarray:
+        allowed = np.zeros(self.n_words * 32, dtype=bool)
+        allowed[tokens] = True
+        if accepting:
+            allowed[list(self.eos_token_ids)] = True
+        return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
+
+    def forced_bytes(self, state: int) -> bytes:
+        """The bytes every valid continuation of ``state`` starts with (jump-forward text)."""
+        out = bytearray()
+        s = state
+        while len(out) < MAX_FORCED_BYTES and not self.table.nullable(s):
+            row = self.table.row(s)
+            live = np.nonzero(row)[0]
+            if len(live) != 1:
+                break
+            out.append(int(live[0]))
+            s = int(row[live[0]])
+        return bytes(out)

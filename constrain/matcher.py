@@ -1,0 +1,113 @@
+"""Per-sequence constraint state with the verbs engines already know from the anchors."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from constrain.automaton import TokenAutomaton
+
+_TERMINATED = -2
+
+
+class Matcher:
+    """Tracks one sequence through a compiled grammar.
+
+    The state is one integer; the history of states makes ``rollback`` unbounded and O(n).
+    Matchers are cheap: create one per request and share the ``CompiledGrammar``.
+    """
+
+    __slots__ = ("_automaton", "_history")
+
+    def __init__(self, automaton: TokenAutomaton, state: int | None = None) -> None:
+        self._automaton = automaton
+        self._history: list[int] = [automaton.initial_state if state is None else state]
+
+    @property
+    def state(self) -> int:
+        """The current automaton state id (-2 once a stop token was accepted)."""
+        return self._history[-1]
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by ``token_id``; False (and no change) when the constraint forbids it."""
+        s = self._history[-1]
+        if s == _TERMINATED:
+            return False
+        if token_id in self._automaton.eos_token_ids:
+            if not self._automaton.is_accepting(s):
+                return False
+            self._history.append(_TERMINATED)
+            return True
+        nxt = self._automaton.next_state(s, token_id)
+        if nxt < 0:
+            return False
+        self._history.append(nxt)
+        return True
+
+    def accept_bytes(self, data: bytes) -> bool:
+        """Advance by raw bytes (forced text); False (and no change) if they leave the language."""
+        s = self._history[-1]
+        if s == _TERMINATED:
+            return False
+        table = self._automaton.table
+        for b in data:
+            s = int(table.row(s)[b])
+            if s == 0:
+                return False
+        self._history.append(s)
+        return True
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> None:
+        """Write the allowed next tokens into row ``index`` of an int32 bitmask."""
+        s = self._history[-1]
+        if s == _TERMINATED:
+            words = self._automaton.terminated_mask()
+        else:
+            words = self._automaton.mask(s)
+        row = bitmask[index]
+        n = min(len(words), row.shape[0])
+        row[:n].copy_(torch.from_numpy(words[:n]))
+        if row.shape[0] > n:
+            row[n:].zero_()
+
+    def allowed_token_ids(self) -> np.ndarray:
+        """The allowed next token ids (debugging and tests; engines use the bitmask)."""
+        bits = torch.zeros((1, self._automaton.n_words), dtype=torch.int32)
+        self.fill_next_token_bitmask(bits)
+        flags = np.unpackbits(bits.numpy().view(np.uint8), bitorder="little")
+        return np.nonzero(flags)[0]
+
+    def is_accepting(self) -> bool:
+        """Whether the text so far is a complete document (a stop token would be accepted)."""
+        s = self._history[-1]
+        return s == _TERMINATED or self._automaton.is_accepting(s)
+
+    def is_terminated(self) -> bool:
+        """Whether a stop token has been accepted."""
+        return self._history[-1] == _TERMINATED
+
+    def rollback(self, num_tokens: int = 1) -> None:
+        """Undo the last ``num_tokens`` accepted tokens (or byte strings)."""
+        if num_tokens < 0 or num_tokens >= len(self._history):
+            raise ValueError(f"cannot roll back {num_tokens} tokens: only {len(self._history) - 1} accepted")
+        if num_tokens:
+            del self._history[-num_tokens:]
+
+    def reset(self) -> None:
+        """Back to the start of the document."""
+        del self._history[1:]
+
+    def fork(self) -> "Matcher":
+        """An independent copy sharing the compiled grammar."""
+        other = Matcher(self._automaton)
+        other._history = list(self._history)
+        return other
+
+    def find_jump_forward_bytes(self) -> bytes:
+        """Bytes the constraint forces next (empty when there is a choice or the document may end)."""
+        s = self._history[-1]
+        return b"" if s == _TERMINATED else self._automaton.forced_bytes(s)
+
+    def find_jump_forward_string(self) -> str:
+        """The forced bytes decoded as UTF-8 (a trailing partial character is left out)."""
+        return self.find_jump_forward_bytes().decode("utf-8", "ignore")
