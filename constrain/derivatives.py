@@ -61,6 +61,7 @@ class ExprTable:
         self._rule_ids = {name: i for i, name in enumerate(grammar.rules)}
         self._rule_nodes = list(grammar.rules.values())
         self._rule_body: list[int | None] = [None] * len(self._rule_nodes)
+        self._productive = productive_rules(grammar)
         self._converted: dict[ir.Node, int] = {}
         self._expanding: set[int] = set()
         self._deriving: set[int] = set()
@@ -75,7 +76,7 @@ class ExprTable:
         if grammar.start not in self._rule_ids:
             raise GrammarError(f"grammar has no start rule {grammar.start!r}")
         with self.lock:
-            self.start = self._mk_ref(self._rule_ids[grammar.start])
+            self.start = self._convert(ir.Ref(grammar.start))
 
     # ------------------------------------------------------------------ interning
 
@@ -223,7 +224,7 @@ class ExprTable:
             rule = self._rule_ids.get(node.name)
             if rule is None:
                 raise GrammarError(f"reference to undefined rule {node.name!r}")
-            out = self._mk_ref(rule)
+            out = self._mk_ref(rule) if node.name in self._productive else NOTHING
         else:
             raise TypeError(f"not an IR node: {node!r}")
         self._converted[node] = out
@@ -405,6 +406,59 @@ class ExprTable:
         done = np.zeros(new_cap, dtype=bool)
         done[:cap] = self.row_done
         self.rows, self.row_done = rows, done
+
+
+def productive_rules(grammar: ir.Grammar) -> frozenset[str]:
+    """Rules that derive at least one finite string; references to the others are ``NOTHING``.
+
+    Without this, ``a: "x" a`` would look alive forever and a walk could never finish. ``Not``
+    is taken as productive (an over-approximation that the liveness search then refines).
+    """
+    known: set[str] = set()
+    while True:
+        memo: dict[ir.Node, bool] = {}
+        visiting: set[str] = set()
+
+        def prod(node: ir.Node) -> bool:
+            got = memo.get(node)
+            if got is not None:
+                return got
+            if isinstance(node, ir.Bytes):
+                out = node.mask != 0
+            elif isinstance(node, (ir.Seq, ir.And)):
+                out = all(prod(i) for i in node.items)
+            elif isinstance(node, ir.Alt):
+                out = any(prod(i) for i in node.items)
+            elif isinstance(node, ir.Not):
+                out = True
+            elif isinstance(node, ir.Repeat):
+                out = node.min == 0 or prod(node.item)
+            elif isinstance(node, ir.Ref):
+                if node.name in known:
+                    return True
+                body = grammar.rules.get(node.name)
+                if body is None or node.name in visiting:
+                    return False  # undefined rules are reported when reached; cycles retried
+                visiting.add(node.name)
+                out = prod(body)
+                visiting.discard(node.name)
+                if out:
+                    known.add(node.name)
+                return out
+            else:
+                raise TypeError(f"not an IR node: {node!r}")
+            memo[node] = out
+            return out
+
+        before = len(known)
+        for name, body in grammar.rules.items():
+            if name not in known:
+                visiting.add(name)
+                if prod(body):
+                    known.add(name)
+                visiting.discard(name)
+        if len(known) == before:
+            return frozenset(known)
 
 
 _BITS_CACHE: dict[int, np.ndarray] = {}

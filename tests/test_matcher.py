@@ -1,0 +1,165 @@
+"""Token masks and Matcher verbs on real vocabularies, checked token by token against the
+derivative engine walked byte by byte (an independent path from the vectorised trie walk)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import constrain
+from constrain.derivatives import NOTHING
+from constrain.tokenizers import gpt2, tekken
+from grammars import ir
+from grammars.errors import GrammarError
+from grammars.unicode import char_class
+
+STRING_CHAR = ir.alt(
+    char_class([(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x10FFFF)]),
+    ir.seq(ir.literal("\\"), ir.byte_set(b'"\\/bfnrt')),
+)
+JSON_STRING = ir.seq(ir.literal('"'), ir.repeat(STRING_CHAR), ir.literal('"'))
+DIGITS = ir.repeat(ir.byte_set(b"0123456789"), 1, 4)
+RECORD = ir.Grammar({
+    "start": ir.seq(ir.literal('{"name":'), JSON_STRING, ir.literal(',"tags":['), ir.ref("items"), ir.literal("]}")),
+    "items": ir.optional(ir.seq(ir.ref("item"), ir.repeat(ir.seq(ir.literal(","), ir.ref("item"))))),
+    "item": ir.alt(DIGITS, ir.seq(ir.literal("["), ir.ref("items"), ir.literal("]"))),
+})
+
+
+def oracle_allowed(compiled: constrain.CompiledGrammar, state: int) -> set[int]:
+    table = compiled._automaton.table
+    allowed = set()
+    for tok, data in enumerate(compiled.vocab.token_bytes):
+        if not data:
+            continue
+        s = state
+        for b in data:
+            s = table.derive(s, b)
+            if s == NOTHING:
+                break
+        if s != NOTHING and table.is_live(s):
+            allowed.add(tok)
+    if compiled.is_accepting(state):
+        allowed |= set(compiled.vocab.eos_token_ids)
+    return allowed
+
+
+@pytest.mark.parametrize("load", [gpt2, tekken], ids=["gpt2", "tekken"])
+def test_masks_equal_bytewise_oracle_along_random_walks(load) -> None:
+    vocab = load()
+    compiled = constrain.compile_grammar(RECORD, vocab)
+    rng = np.random.default_rng(1)
+    matcher = compiled.matcher()
+    checked = 0
+    for step in range(40):
+        ids = set(matcher.allowed_token_ids().tolist())
+        if checked < 6 and step % 6 == 0:
+            assert ids == oracle_allowed(compiled, matcher.state)
+            checked += 1
+        if matcher.is_terminated():
+            break
+        eos = set(vocab.eos_token_ids) & ids
+        choice = int(rng.choice(sorted(eos))) if eos and step > 25 else int(rng.choice(sorted(ids)))
+        assert matcher.accept_token(choice)
+    assert checked >= 3
+
+
+def test_mask_and_accept_agree_and_forbidden_tokens_rejected() -> None:
+    vocab = gpt2()
+    compiled = constrain.compile_grammar(RECORD, vocab)
+    m = compiled.matcher()
+    allowed = set(m.allowed_token_ids().tolist())
+    for tok in range(0, vocab.vocab_size, 97):
+        fork = m.fork()
+        assert fork.accept_token(tok) == (tok in allowed)
+
+
+def text_tokens(vocab: constrain.Vocabulary, text: bytes) -> list[int]:
+    """Greedy longest-match tokenization (any split is valid input for a byte-level matcher)."""
+    by_bytes = {t: i for i, t in enumerate(vocab.token_bytes) if t}
+    out, i = [], 0
+    while i < len(text):
+        for j in range(min(len(text), i + 32), i, -1):
+            if text[i:j] in by_bytes:
+                out.append(by_bytes[text[i:j]])
+                i = j
+                break
+        else:
+            raise AssertionError(f"untokenizable at {i}")
+    return out
+
+
+def test_document_accepted_token_by_token_then_stop() -> None:
+    vocab = tekken()
+    compiled = constrain.compile_grammar(RECORD, vocab)
+    doc = '{"name":"Zoë \\"Z\\" 🙂","tags":[1,[22,[]],333]}'.encode()
+    m = compiled.matcher()
+    for tok in text_tokens(vocab, doc):
+        assert not m.is_accepting()
+        assert m.accept_token(tok)
+    assert m.is_accepting() and not m.is_terminated()
+    eos = vocab.eos_token_ids[0]
+    assert m.accept_token(eos) and m.is_terminated()
+    assert not m.accept_token(eos)
+    assert m.allowed_token_ids().tolist() == sorted(vocab.eos_token_ids)
+
+
+def test_rollback_fork_reset() -> None:
+    vocab = gpt2()
+    compiled = constrain.compile_grammar(RECORD, vocab)
+    m = compiled.matcher()
+    toks = text_tokens(vocab, b'{"name":"ab","tags":[1')
+    start_mask = m.allowed_token_ids().tolist()
+    masks = []
+    for t in toks:
+        masks.append(m.allowed_token_ids().tolist())
+        assert m.accept_token(t)
+    f = m.fork()
+    m.rollback(len(toks))
+    assert m.allowed_token_ids().tolist() == start_mask
+    assert f.accept_token(text_tokens(vocab, b"]")[0])  # the fork kept its own state
+    for t, mask in zip(toks, masks):
+        assert m.allowed_token_ids().tolist() == mask
+        m.accept_token(t)
+    m.reset()
+    assert m.allowed_token_ids().tolist() == start_mask
+    with pytest.raises(ValueError):
+        m.rollback(1)
+
+
+def test_forced_bytes_are_the_literal_prefix() -> None:
+    compiled = constrain.compile_grammar(RECORD, gpt2())
+    m = compiled.matcher()
+    assert m.find_jump_forward_bytes() == b'{"name":"'
+
+
+def test_padding_ids_and_specials_never_allowed_duplicates_all_allowed() -> None:
+    vocab = constrain.Vocabulary.from_token_bytes(
+        [b"a", b"a", b"b", None, b"ab"], eos_token_ids=[3], vocab_size=40
+    )
+    compiled = constrain.compile_grammar(ir.Grammar.of(ir.repeat(ir.literal("a"), 1, None)), vocab)
+    bits = constrain.allocate_token_bitmask(2, 64)  # wider than the vocabulary: extra words cleared
+    compiled.matcher().fill_next_token_bitmask(bits, 1)
+    assert bits[0].tolist() == [-1, -1]
+    assert bits[1].tolist() == [0b11, 0]
+
+
+def test_vocabulary_without_stop_token_is_refused() -> None:
+    vocab = constrain.Vocabulary.from_token_bytes([b"a", b"b"], eos_token_ids=[])
+    with pytest.raises(GrammarError, match="EOS"):
+        constrain.compile_grammar(ir.Grammar.of(ir.literal("a")), vocab)
+
+
+def test_unsatisfiable_constraint_is_refused() -> None:
+    never = ir.intersect(ir.literal("a"), ir.literal("b"))
+    with pytest.raises(GrammarError, match="unsatisfiable"):
+        constrain.compile_grammar(ir.Grammar.of(never), gpt2())
+    empty_rec = ir.Grammar({"start": ir.seq(ir.literal("x"), ir.ref("start"))})
+    with pytest.raises(GrammarError, match="unsatisfiable"):
+        constrain.compile_grammar(empty_rec, gpt2())
+
+
+def test_bitmask_layout() -> None:
+    bits = constrain.allocate_token_bitmask(3, 100)
+    assert bits.shape == (3, 4) and bits.dtype == torch.int32 and bool((bits == -1).all())
