@@ -1,0 +1,89 @@
+"""Ragged forward passes over the slot KV cache: prefill, one-token decode and forced-token runs.
+
+Why one "extend" primitive: a step where some rows add one sampled token, others add several
+forced tokens, and new requests add whole prompts is the same operation — each row appends
+``n_i >= 1`` tokens at its own position. Rows are right-padded to the longest; padding writes to
+the cache's scratch column and is masked out. We compute the LM head only at each row's last
+real token (one row of logits per sequence), which is all the sampler needs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from engine.kv_cache import SlotKVCache
+
+logger = logging.getLogger("constrain")
+
+
+class ModelRunner:
+    """Owns the model's KV cache and runs ``extend`` steps for contiguous slot ranges."""
+
+    def __init__(self, model: torch.nn.Module, max_slots: int, max_len: int) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.cache = SlotKVCache.for_model(model, max_slots, max_len)
+        self._decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self._head = model.get_output_embeddings()
+        cfg = model.config
+        # Heads with extra logic (soft-capping, scaling) go through the full model forward.
+        self._plain_head = not any(getattr(cfg, a, None) for a in ("final_logit_softcapping", "logit_scale"))
+        params = inspect.signature(self._decoder.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def max_slots(self) -> int:
+        return self.cache.max_slots
+
+    @property
+    def max_len(self) -> int:
+        return self.cache.max_len
+
+    @torch.inference_mode()
+    def extend(self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> torch.Tensor:
+        """Append ``tokens[i]`` to slot ``first_slot + i`` whose sequence has ``starts[i]`` tokens.
+
+        Returns float32 logits ``(rows, logits_width)`` at each row's last appended token.
+        """
+        rows = len(tokens)
+        lens = [len(t) for t in tokens]
+        t_max = max(lens)
+        if min(lens) < 1:
+            raise ValueError("every row must append at least one token")
+        end_pos = max(s + n for s, n in zip(starts, lens))
+        if end_pos > self.cache.max_len:
+            raise ValueError(f"sequence of {end_pos} tokens exceeds the KV cache length {self.cache.max_len}")
+        dev = self.device
+        ids = torch.zeros((rows, t_max), dtype=torch.long)
+        pos = torch.full((rows, t_max), self.cache.scratch, dtype=torch.long)
+        for i, (seq, s) in enumerate(zip(tokens, starts)):
+            ids[i, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
+            pos[i, : len(seq)] = torch.arange(s, s + len(seq))
+        ids, pos = ids.to(dev, non_blocking=True), pos.to(dev, non_blocking=True)
+        lens_t = torch.as_tensor(lens, device=dev)
+        # RoPE positions: real positions for real tokens; padding reuses the last real position.
+        rope_pos = torch.minimum(pos, (torch.as_tensor(starts, device=dev) + lens_t - 1).unsqueeze(1))
+        view_len = end_pos
+        key_pos = torch.arange(view_len, device=dev)
+        allowed = key_pos.view(1, 1, view_len) <= rope_pos.unsqueeze(-1)  # (rows, T, view_len), causal
+        mask = torch.zeros((rows, 1, t_max, view_len), dtype=self.dtype, device=dev)
+        mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(self.dtype).min)
+        self.cache.begin_step(first_slot, pos, view_len)
+        kwargs = {self._cache_kw: self.cache, "use_cache": True}
+        last = (lens_t - 1).view(rows, 1, 1)
+        if self._plain_head:
+            out = self._decoder(input_ids=ids, attention_mask=mask, position_ids=rope_pos, **kwargs)
+            hidden = out.last_hidden_state
+            hidden = torch.gather(hidden, 1, last.expand(rows, 1, hidden.shape[-1])).squeeze(1)
+            return self._head(hidden).float()
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=rope_pos, **kwargs)
+        logits = out.logits
+        return torch.gather(logits, 1, last.expand(rows, 1, logits.shape[-1])).squeeze(1).float()
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        self.cache.move_slot(src, dst, length)
