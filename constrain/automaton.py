@@ -19,6 +19,12 @@ from constrain.token_trie import TokenTrie, expand_ranges
 DEFAULT_MASK_CACHE = 4096
 MAX_FORCED_BYTES = 4096
 
+def _scatter(idx: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    out = np.zeros(size, dtype=values.dtype)
+    out[idx] = values
+    return out
+
+
 _tries: dict[object, TokenTrie] = {}
 _tries_lock = threading.Lock()
 
@@ -91,37 +97,60 @@ class TokenAutomaton:
             return got
 
     def transitions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every allowed non-stop token of ``state`` and the state each one leads to."""
+        """Every allowed non-stop token of ``state`` and the state each one leads to.
+
+        Walks the trie level by level. A level is handled sparsely (only children of live nodes)
+        while few nodes are live, densely (one gather over the whole level) once many are.
+        """
         table, levels = self.table, self.trie.levels
         if not levels or state == NOTHING:
             return np.zeros(0, np.int32), np.zeros(0, np.int32)
+        tok_parts, next_parts = [], []
         with table.lock:
             table.ensure_rows((state,))
-            level = levels[0]
-            nxt = table.rows[state, level.byte]
-            idx = np.nonzero(nxt)[0]
-            st = nxt[idx]
-            tok_parts, next_parts = [], []
+            idx: np.ndarray | None = None  # sparse: live node indices; dense: None
+            st = table.rows[state, levels[0].byte]  # dense state per node (0 = dead)
             for depth, level in enumerate(levels):
-                if len(idx) == 0:
-                    break
-                ends, counts = expand_ranges(level.tok_start[idx], level.tok_end[idx])
-                if len(ends):
+                if idx is None:
+                    live_tokens = st[level.end_nodes]
+                    keep = np.nonzero(live_tokens)[0]
+                    tok_parts.append(level.end_tokens[keep])
+                    next_parts.append(live_tokens[keep])
+                    live = np.count_nonzero(st)
+                else:
+                    ends, counts = expand_ranges(level.tok_start[idx], level.tok_end[idx])
                     tok_parts.append(level.end_tokens[ends])
                     next_parts.append(np.repeat(st, counts))
-                if depth + 1 == len(levels):
+                    live = len(idx)
+                if depth + 1 == len(levels) or live == 0:
                     break
-                children, counts = expand_ranges(level.child_start[idx], level.child_end[idx])
-                if len(children) == 0:
-                    break
-                parent_states = np.repeat(st, counts)
-                table.ensure_rows(np.unique(parent_states))
-                nxt = table.rows[parent_states, levels[depth + 1].byte[children]]
-                keep = np.nonzero(nxt)[0]
-                idx, st = children[keep], nxt[keep]
-        if not tok_parts:
-            return np.zeros(0, np.int32), np.zeros(0, np.int32)
-        return np.concatenate(tok_parts).astype(np.int32), np.concatenate(next_parts).astype(np.int32)
+                child = levels[depth + 1]
+                if live * 8 >= len(level.byte):  # dense step
+                    dense = st if idx is None else _scatter(idx, st, len(level.byte))
+                    parent_states = dense[child.parent]
+                    self._ensure_rows(parent_states)
+                    st, idx = table.rows[parent_states, child.byte], None
+                else:  # sparse step
+                    if idx is None:
+                        idx = np.nonzero(st)[0]
+                        st = st[idx]
+                    children, counts = expand_ranges(level.child_start[idx], level.child_end[idx])
+                    parent_states = np.repeat(st, counts)
+                    self._ensure_rows(parent_states)
+                    nxt = table.rows[parent_states, child.byte[children]]
+                    keep = np.nonzero(nxt)[0]
+                    idx, st = children[keep], nxt[keep]
+        tokens = np.concatenate(tok_parts).astype(np.int32, copy=False)
+        return tokens, np.concatenate(next_parts).astype(np.int32, copy=False)
+
+    def _ensure_rows(self, states: np.ndarray) -> None:
+        done = self.table.row_done
+        if len(done) > 0 and states.max(initial=0) < len(done):
+            missing = states[~done[states]]
+        else:
+            missing = states
+        if len(missing):
+            self.table.ensure_rows(np.unique(missing))
 
     def terminated_mask(self) -> np.ndarray:
         """The mask after a stop token: only stop tokens (engines pad finished rows with them)."""

@@ -19,11 +19,13 @@ class TrieLevel:
     """Nodes at one depth (the nodes for prefixes of length depth+1)."""
 
     byte: np.ndarray         # uint8[n]: the byte that leads into the node
+    parent: np.ndarray       # int64[n]: index of the parent node in the previous level (0 at depth 0)
     child_start: np.ndarray  # int64[n]: children of node i are next level's [child_start[i], child_end[i])
     child_end: np.ndarray
     tok_start: np.ndarray    # int64[n]: tokens ending at node i are end_tokens[tok_start[i]:tok_end[i]]
     tok_end: np.ndarray
     end_tokens: np.ndarray   # int32: token ids ending at this depth, grouped by node
+    end_nodes: np.ndarray    # int64: the node each of end_tokens ends at
 
 
 class TokenTrie:
@@ -61,9 +63,13 @@ class TokenTrie:
             end_tokens = sorted_ids[sel[ending]]
             tok_start = np.searchsorted(end_nodes, np.arange(n), side="left")
             tok_end = np.searchsorted(end_nodes, np.arange(n), side="right")
-            level = TrieLevel(byte, np.zeros(n, np.int64), np.zeros(n, np.int64), tok_start, tok_end, end_tokens)
+            parent = np.zeros(n, np.int64)
             if prev_node is not None:
                 parent = prev_node[np.searchsorted(prev_sel, first_tok)]
+            level = TrieLevel(
+                byte, parent, np.zeros(n, np.int64), np.zeros(n, np.int64), tok_start, tok_end, end_tokens, end_nodes
+            )
+            if prev_node is not None:
                 prev = self.levels[-1]
                 prev.child_start[:] = np.searchsorted(parent, np.arange(len(prev.byte)), side="left")
                 prev.child_end[:] = np.searchsorted(parent, np.arange(len(prev.byte)), side="right")
