@@ -97,7 +97,8 @@ def extract(backend: Any, extra_special_ids: frozenset[int] = frozenset()) -> HF
             try:
                 out[i] = bytes(inverse[ch] for ch in piece)
             except KeyError as e:
-                raise ValueError(f"token {i} ({piece!r}) has a character outside the byte-level alphabet: {e}") from None
+                raise ValueError(f"token {i} ({piece!r}) has a character outside the byte-level alphabet: {e}") \
+                    from None
     else:
         for piece, i in vocab.items():
             m = _BYTE_PIECE.fullmatch(piece) if byte_fallback else None

@@ -17,6 +17,9 @@ from constrain.derivatives import NOTHING, ExprTable
 from constrain.token_trie import TokenTrie, expand_ranges
 
 DEFAULT_MASK_CACHE = 4096
+# A sequence state whose head allows at least this many distinct first bytes (a free string
+# body, any JSON value) gets its mask from a cached walk of the head alone; see _split_mask.
+SPLIT_MIN_HEAD_BYTES = 48
 MAX_FORCED_BYTES = 4096
 
 def _scatter(idx: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
@@ -50,6 +53,7 @@ class TokenAutomaton:
         self.eos_token_ids = tuple(vocab.eos_token_ids)
         self.n_words = (vocab.vocab_size + 31) // 32
         self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._heads: OrderedDict[tuple[int, int], tuple[np.ndarray, TokenTrie | None]] = OrderedDict()
         self._mask_cache_size = mask_cache_size
         self._lock = threading.RLock()
         if sys.getrecursionlimit() < 20000:
@@ -89,20 +93,60 @@ class TokenAutomaton:
         with self._lock:
             got = self._masks.get(state)
             if got is None:
-                tokens, _ = self.transitions(state)
-                got = self._pack(tokens, self.is_accepting(state))
+                got = self._split_mask(state)
+                if got is None:
+                    tokens, _ = self.transitions(state)
+                    got = self._pack(tokens, self.is_accepting(state))
                 self._masks[state] = got
                 if len(self._masks) > self._mask_cache_size:
                     self._masks.popitem(last=False)
             return got
 
-    def transitions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+    def _split_mask(self, state: int) -> np.ndarray | None:
+        """Mask of ``head tail`` from a walk of ``head`` that is shared by every tail.
+
+        The head is walked with the tail replaced by a marker that only records which first bytes
+        the tail accepts. Tokens that stay inside the head are decided there, once for every
+        state with the same head and the same tail first-bytes (every property of type string,
+        every nesting depth of a recursive grammar). Only the few tokens that cross into the tail
+        are walked again from the real state, over a small trie of just those tokens.
+        """
+        table = self.table
+        parts = table.split(state)
+        if parts is None:
+            return None
+        head, tail = parts
+        if np.count_nonzero(table.row(head)) < SPLIT_MIN_HEAD_BYTES:
+            return None
+        first = 0
+        for b in np.nonzero(table.row(tail))[0]:
+            first |= 1 << int(b)
+        key = (head, first)
+        cached = self._heads.get(key)
+        if cached is None:
+            tokens, ends = self.transitions(table.seq(head, table.mark(first)))
+            flags = np.zeros(int(ends.max(initial=0)) + 1, dtype=bool)
+            flags[ends] = True
+            for e in np.nonzero(flags)[0]:
+                flags[e] = table.has_dep(int(e))
+            crossing = flags[ends]
+            inside = self._pack(tokens[~crossing], False)
+            dependent = tokens[crossing]
+            sub = TokenTrie(self.token_bytes, only=dependent.tolist()) if len(dependent) else None
+            cached = self._heads[key] = (inside, sub)
+            if len(self._heads) > self._mask_cache_size:
+                self._heads.popitem(last=False)
+        inside, sub = cached
+        crossing_tokens = self.transitions(state, sub)[0] if sub is not None else np.zeros(0, np.int32)
+        return inside | self._pack(crossing_tokens, self.is_accepting(state))
+
+    def transitions(self, state: int, trie: TokenTrie | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Every allowed non-stop token of ``state`` and the state each one leads to.
 
         Walks the trie level by level. A level is handled sparsely (only children of live nodes)
         while few nodes are live, densely (one gather over the whole level) once many are.
         """
-        table, levels = self.table, self.trie.levels
+        table, levels = self.table, (trie or self.trie).levels
         if not levels or state == NOTHING:
             return np.zeros(0, np.int32), np.zeros(0, np.int32)
         tok_parts, next_parts = [], []

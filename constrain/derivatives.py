@@ -25,7 +25,7 @@ from grammars import ir
 from grammars.errors import GrammarError
 
 # Expression kinds.
-K_NOTHING, K_EMPTY, K_BYTES, K_SEQ, K_ALT, K_AND, K_NOT, K_REPEAT, K_REF = range(9)
+K_NOTHING, K_EMPTY, K_BYTES, K_SEQ, K_ALT, K_AND, K_NOT, K_REPEAT, K_REF, K_MARK, K_DEP = range(11)
 
 NOTHING = 0
 EMPTY = 1
@@ -54,6 +54,7 @@ class ExprTable:
         self._args: list[tuple] = []
         self._nullable: list[bool | None] = []
         self._boolean: list[bool] = []  # contains And/Not: language may be empty though not NOTHING
+        self._dep: list[bool] = []  # contains DEP: the walk crossed into a masked continuation
         self._intern: dict[tuple, int] = {}
         self._deriv: dict[int, int] = {}
         self._classes: dict[int, tuple[int, ...]] = {}
@@ -67,6 +68,9 @@ class ExprTable:
         self._deriving: set[int] = set()
         self._new(K_NOTHING, (), False, False)
         self._new(K_EMPTY, (), True, False)
+        # DEP accepts everything: it stands for "whatever the masked-out continuation allows".
+        self.dep = self._new(K_DEP, (), True, False)
+        self._dep[self.dep] = True
         # Dense transition rows, filled lazily: rows[s, b] = derivative of state s by byte b.
         self.rows = np.zeros((1024, 256), dtype=np.int32)
         self.row_done = np.zeros(1024, dtype=bool)
@@ -98,6 +102,7 @@ class ExprTable:
         self._args.append(args)
         self._nullable.append(nullable)
         self._boolean.append(boolean)
+        self._dep.append(False)
         self._intern[key] = i
         return i
 
@@ -116,7 +121,7 @@ class ExprTable:
             return self._mk_seq(x, self._mk_seq(y, b))
         na, nb = self._nullable[a], self._nullable[b]
         nullable = None if na is None or nb is None else (na and nb)
-        return self._new(K_SEQ, (a, b), nullable, self._boolean[a] or self._boolean[b])
+        return self._flag(self._new(K_SEQ, (a, b), nullable, self._boolean[a] or self._boolean[b]), (a, b))
 
     def _mk_alt(self, items: Sequence[int]) -> int:
         flat: set[int] = set()
@@ -147,6 +152,8 @@ class ExprTable:
                 flat.add(self._mk_seq(head, self._mk_alt([self._args[p][1] for p in group])))
         if mask:
             flat.add(self._mk_bytes(mask))
+        if self.dep in flat:  # DEP already accepts everything
+            return self.dep
         if not flat:
             return NOTHING
         if len(flat) == 1:
@@ -154,7 +161,7 @@ class ExprTable:
         members = tuple(sorted(flat))
         ns = [self._nullable[m] for m in members]
         nullable = True if any(n is True for n in ns) else (None if any(n is None for n in ns) else False)
-        return self._new(K_ALT, (members,), nullable, any(self._boolean[m] for m in members))
+        return self._flag(self._new(K_ALT, (members,), nullable, any(self._boolean[m] for m in members)), members)
 
     def _mk_and(self, items: Sequence[int]) -> int:
         flat: set[int] = set()
@@ -177,13 +184,13 @@ class ExprTable:
         members = tuple(sorted(flat))
         ns = [self._nullable[m] for m in members]
         nullable = False if any(n is False for n in ns) else (None if any(n is None for n in ns) else True)
-        return self._new(K_AND, (members,), nullable, True)
+        return self._flag(self._new(K_AND, (members,), nullable, True), members)
 
     def _mk_not(self, a: int) -> int:
         if self._kind[a] == K_NOT:
             return self._args[a][0]
         na = self._nullable[a]
-        return self._new(K_NOT, (a,), None if na is None else not na, True)
+        return self._flag(self._new(K_NOT, (a,), None if na is None else not na, True), (a,))
 
     def _mk_repeat(self, a: int, lo: int, hi: int | None) -> int:
         if hi == 0 or a == EMPTY:
@@ -194,7 +201,28 @@ class ExprTable:
             return a
         if lo and self.nullable(a):  # a nullable: a{n,m} == a{0,m}
             lo = 0
-        return self._new(K_REPEAT, (a, lo, hi), True if lo == 0 else self._nullable[a], self._boolean[a])
+        return self._flag(self._new(K_REPEAT, (a, lo, hi), True if lo == 0 else self._nullable[a], self._boolean[a]), (a,))
+
+    def _flag(self, e: int, children: Sequence[int]) -> int:
+        if any(self._dep[c] for c in children):
+            self._dep[e] = True
+        return e
+
+    def mark(self, first: int) -> int:
+        """A stand-in for a continuation whose first bytes are ``first``: any of them leads to DEP."""
+        with self.lock:
+            return self._new(K_MARK, (first,), False, False)
+
+    def split(self, e: int) -> tuple[int, int] | None:
+        """``(head, tail)`` when ``e`` is a sequence, else None."""
+        return self._args[e] if self._kind[e] == K_SEQ else None
+
+    def seq(self, a: int, b: int) -> int:
+        with self.lock:
+            return self._mk_seq(a, b)
+
+    def has_dep(self, e: int) -> bool:
+        return self._dep[e]
 
     def _mk_ref(self, rule: int) -> int:
         return self._new(K_REF, (rule,), None, False)
@@ -262,7 +290,7 @@ class ExprTable:
                 elif k == K_REPEAT:
                     n = a[1] == 0 or self.nullable(a[0])
                 else:
-                    n = k == K_EMPTY
+                    n = k in (K_EMPTY, K_DEP)
             finally:
                 self._expanding.discard(e)
             self._nullable[e] = n
@@ -307,6 +335,10 @@ class ExprTable:
             return self._mk_seq(self.derive(item, b), rest)
         if k == K_REF:
             return self.derive(self._body(a[0]), b)
+        if k == K_MARK:
+            return self.dep if (a[0] >> b) & 1 else NOTHING
+        if k == K_DEP:
+            return self.dep
         return NOTHING
 
     def byte_classes(self, e: int) -> tuple[int, ...]:
@@ -334,6 +366,8 @@ class ExprTable:
                     parts = self.byte_classes(a[0])
                 elif k == K_REF:
                     parts = self.byte_classes(self._body(a[0]))
+                elif k == K_MARK:
+                    parts = tuple(p for p in (a[0], ALL_BYTES ^ a[0]) if p)
                 else:
                     parts = (ALL_BYTES,)
             finally:

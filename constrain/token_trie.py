@@ -31,8 +31,9 @@ class TrieLevel:
 class TokenTrie:
     """Byte trie of all token ids that have bytes. Built once per vocabulary."""
 
-    def __init__(self, token_bytes: Sequence[bytes | None]) -> None:
-        ids = [i for i, t in enumerate(token_bytes) if t]
+    def __init__(self, token_bytes: Sequence[bytes | None], only: Sequence[int] | None = None) -> None:
+        """Trie of the ids of ``token_bytes`` that have bytes (restricted to ``only`` if given)."""
+        ids = [i for i in (range(len(token_bytes)) if only is None else only) if token_bytes[i]]
         ids.sort(key=lambda i: token_bytes[i])
         self.levels: list[TrieLevel] = []
         if not ids:

@@ -92,7 +92,8 @@ class Vocabulary:
         """Build from bytes per id; EOS and special ids must have None bytes (they carry no content)."""
         tb = list(token_bytes)
         eos = tuple(eos_token_ids)
-        return cls(tb, len(tb) if vocab_size is None else vocab_size, eos, frozenset(special_token_ids) | set(eos), name)
+        size = len(tb) if vocab_size is None else vocab_size
+        return cls(tb, size, eos, frozenset(special_token_ids) | set(eos), name)
 
     @classmethod
     def _build(

@@ -163,3 +163,19 @@ def test_unsatisfiable_constraint_is_refused() -> None:
 def test_bitmask_layout() -> None:
     bits = constrain.allocate_token_bitmask(3, 100)
     assert bits.shape == (3, 4) and bits.dtype == torch.int32 and bool((bits == -1).all())
+
+
+def test_shared_head_masks_equal_full_walks_at_every_depth() -> None:
+    """Masks built from a cached head walk plus crossing tokens equal a full trie walk."""
+    vocab = tekken()
+    compiled = constrain.compile_grammar(RECORD, vocab)
+    automaton = compiled._automaton
+    m = compiled.matcher()
+    steps = 0
+    for tok in text_tokens(vocab, b'{"name":"a\\"b","tags":[[1,[2,[[[3]]]]],[[[[4,5'):
+        tokens, _ = automaton.transitions(m.state)
+        full = automaton._pack(tokens, automaton.is_accepting(m.state))
+        assert np.array_equal(automaton.mask(m.state), full)
+        assert m.accept_token(tok)
+        steps += 1
+    assert steps > 10 and automaton._heads, "the shared-head path was never taken"
