@@ -1,0 +1,421 @@
+"""Fused masked sampling: mask gather, temperature, top-k, top-p, min-p, greedy, seeded draws.
+
+Why this shape: the mask of row b is row `mask_index[b]` of a mask table (a `StateTable.masks`
+or a plain per-row bitmask), read inside the kernel, so no masked logits are ever materialised
+and no host round trip is needed. Sampling is Gumbel-max (argmax of z + Gumbel noise), which
+needs no softmax normalisation and splits across vocabulary chunks exactly: the row's winner is
+the best of the chunks' winners. Filters are exact thresholds, not sorts:
+
+  z = (l - max) / T over allowed tokens, key u = bits(-z) (monotone: smaller u = likelier)
+  keep u <= U where U = min(U_topk, U_topp, U_minp):
+    U_topk: smallest U with #{u <= U} >= k            (ties at the boundary are kept)
+    U_topp: smallest U <= U_topk with mass{u <= U} >= top_p * mass{u <= U_topk}
+            (top-p applies to the top-k-renormalised distribution, as HF and vLLM do)
+    U_minp: bits(-log(min_p))                          (p >= min_p * p_max)
+
+U is found by a 16-way search over the 31-bit key space (about 8 passes over the row) inside a
+one-program-per-row kernel; it runs only when some row has a filter. Chain: stats (max, argmax,
+unfiltered Gumbel winner per chunk) -> [threshold -> filtered Gumbel winner] -> finalize.
+
+Never selects a masked token: NaN logits count as masked, +inf is clamped to the float max, and
+a row whose allowed logits are all -inf/NaN (or with no allowed token) is flagged and gets -1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._common import HAS_TRITON, row_key_ref, tl, triton, uniform_ref, use_triton
+
+if HAS_TRITON:
+    from ._common import _row_key, _uniform
+from .apply_bitmask import unpack_bitmask
+
+FLT_MAX = 3.4028234663852886e38
+LOG2E = 1.0 / math.log(2.0)
+KEY_NONE = 0x7FFFFFFF  # key of a disallowed token; also "keep everything" as a threshold
+
+
+# ---------------------------------------------------------------------------------------------
+# twin
+# ---------------------------------------------------------------------------------------------
+def _allowed_ref(logits: torch.Tensor, masks: torch.Tensor | None, mask_index: torch.Tensor | None) -> torch.Tensor:
+    b, v = logits.shape
+    if masks is None:
+        return torch.ones(b, v, dtype=torch.bool, device=logits.device)
+    idx = torch.arange(b, device=masks.device) if mask_index is None else mask_index.to(masks.device).long()
+    allowed = unpack_bitmask(masks[idx.clamp(min=0)], v).to(logits.device)
+    return allowed | (idx < 0).to(logits.device)[:, None]
+
+
+def _keys_ref(z: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+    u = (-z).contiguous().view(torch.int32).to(torch.int64) & 0x7FFFFFFF
+    return torch.where(ok, u, torch.full_like(u, KEY_NONE))
+
+
+def filter_threshold_ref(
+    z: torch.Tensor, ok: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """Key threshold U per row (int64); tokens with ok & key <= U are kept. Twin of the search."""
+    b = z.shape[0]
+    u = _keys_ref(z, ok)
+    e = torch.where(ok, torch.exp(z), torch.zeros_like(z))
+    us, order = torch.sort(u, dim=-1, stable=True)
+    es = torch.gather(e, 1, order)
+    thr = torch.full((b,), KEY_NONE, dtype=torch.int64, device=z.device)
+    for r in range(b):
+        hi = KEY_NONE
+        k = int(top_k[r])
+        if k > 0 and k <= z.shape[1]:
+            hi = int(us[r, k - 1]) if int(us[r, k - 1]) != KEY_NONE else KEY_NONE
+        p = float(top_p[r])
+        if p < 1.0:
+            keep = us[r] <= hi
+            mass = torch.cumsum(torch.where(keep, es[r], torch.zeros_like(es[r])), 0)
+            total = mass[keep].max() if keep.any() else torch.tensor(0.0)
+            target = torch.tensor(p, dtype=torch.float32) * total
+            pos = int(torch.nonzero(mass >= target)[0]) if bool((mass >= target).any()) else None
+            if pos is not None:
+                hi = min(hi, int(us[r, pos]))
+        mp = float(min_p[r])
+        if mp > 0.0:
+            lm = -torch.log(torch.tensor(min(mp, 1.0), dtype=torch.float32))
+            hi = min(hi, int(lm.view(torch.int32)) & 0x7FFFFFFF)
+        thr[r] = hi
+    return thr
+
+
+def sample_ref(
+    logits: torch.Tensor,
+    masks: torch.Tensor | None = None,
+    mask_index: torch.Tensor | None = None,
+    *,
+    temperature: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    min_p: torch.Tensor | None = None,
+    seeds: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure-torch twin of `sample` (same RNG, same thresholds)."""
+    b, v = logits.shape
+    dev = logits.device
+    temperature, top_k, top_p, min_p, seeds = _defaults(b, dev, temperature, top_k, top_p, min_p, seeds)
+    x = logits.float()
+    ok = _allowed_ref(logits, masks, mask_index) & ~torch.isnan(x)
+    x = torch.where(ok, x.clamp(max=FLT_MAX), torch.full_like(x, float("-inf")))
+    m = x.max(dim=-1).values
+    all_masked = m == float("-inf")
+    greedy_tok = x.argmax(dim=-1)
+    t = temperature.float()
+    inv_t = torch.where(t > 0, 1.0 / torch.where(t > 0, t, torch.ones_like(t)), torch.ones_like(t))
+    z = (x - torch.where(all_masked, torch.zeros_like(m), m)[:, None]) * inv_t[:, None]
+    thr = filter_threshold_ref(z, ok, top_k, top_p, min_p)
+    keep = ok & (_keys_ref(z, ok) <= thr[:, None])
+    cnt = torch.arange(v, device=dev)
+    uni = uniform_ref(row_key_ref(seeds)[:, None], cnt[None, :])
+    score = z * LOG2E - torch.log2(-torch.log2(uni))
+    score = torch.where(keep & (z > float("-inf")), score, torch.full_like(score, float("-inf")))
+    sample_tok = score.argmax(dim=-1)
+    tok = torch.where(t > 0, sample_tok, greedy_tok)
+    tok = torch.where(all_masked, torch.full_like(tok, -1), tok)
+    return tok, all_masked
+
+
+def _defaults(b, dev, temperature, top_k, top_p, min_p, seeds):
+    if temperature is None:
+        temperature = torch.ones(b, device=dev)
+    if top_k is None:
+        top_k = torch.zeros(b, dtype=torch.int32, device=dev)
+    if top_p is None:
+        top_p = torch.ones(b, device=dev)
+    if min_p is None:
+        min_p = torch.zeros(b, device=dev)
+    if seeds is None:
+        seeds = torch.zeros(b, dtype=torch.int64, device=dev)
+    return temperature, top_k, top_p, min_p, seeds
+
+
+# ---------------------------------------------------------------------------------------------
+# triton
+# ---------------------------------------------------------------------------------------------
+if HAS_TRITON:
+
+    @triton.jit
+    def _masked_logits(logits_ptr, lrow, mask_ptr, mrow, offs, V, W, HAS_MASK: tl.constexpr):
+        """Sanitised float32 logits of a block (-inf where masked/NaN) and the allowed flags."""
+        inb = offs < V
+        x = tl.load(logits_ptr + lrow + offs, mask=inb, other=float("nan")).to(tl.float32)
+        ok = inb & (x == x)
+        if HAS_MASK:
+            widx = offs >> 5
+            words = tl.load(mask_ptr + tl.maximum(mrow, 0) * W + widx, mask=inb & (widx < W), other=0)
+            ok = ok & ((((words >> (offs & 31)) & 1) != 0) | (mrow < 0))
+        x = tl.minimum(x, 3.4028234663852886e38)
+        x = tl.where(ok, x, float("-inf"))
+        return x, ok
+
+    @triton.jit
+    def _keys(x, ok, m, inv_t):
+        z = (x - m) * inv_t
+        u = (-z).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        u = tl.where(ok, u, 0x7FFFFFFF)
+        return z, u
+
+    @triton.jit
+    def _row_setup(b, l_stride, midx_ptr, HAS_MIDX: tl.constexpr):
+        b64 = b.to(tl.int64)
+        if HAS_MIDX:
+            mrow = tl.load(midx_ptr + b).to(tl.int64)
+        else:
+            mrow = b64
+        return b64 * l_stride, mrow
+
+    @triton.jit
+    def _stage1_kernel(
+        logits_ptr, l_stride, mask_ptr, midx_ptr, W,
+        temp_ptr, seed_ptr, topk_ptr, topp_ptr, minp_ptr,
+        pmax_ptr, pidx_ptr, gsc_ptr, gidx_ptr,
+        V, CHUNK, S,
+        HAS_MASK: tl.constexpr, HAS_MIDX: tl.constexpr, HAS_FILTERS: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        c = tl.program_id(1)
+        lrow, mrow = _row_setup(b, l_stride, midx_ptr, HAS_MIDX)
+        t = tl.load(temp_ptr + b).to(tl.float32)
+        sample = t > 0
+        if HAS_FILTERS:
+            filt = (tl.load(topk_ptr + b) > 0) | (tl.load(topp_ptr + b) < 1.0) | (tl.load(minp_ptr + b) > 0.0)
+            sample = sample & (~filt)
+        scale = 1.4426950408889634 / tl.where(t > 0, t, 1.0)
+        key = _row_key(tl.load(seed_ptr + b))
+        best = tl.full([], float("-inf"), tl.float32)
+        best_i = tl.full([], -1, tl.int32)
+        gbest = tl.full([], float("-inf"), tl.float32)
+        gbest_i = tl.full([], -1, tl.int32)
+        start = c * CHUNK
+        end = tl.minimum(start + CHUNK, V)
+        for off in tl.range(start, end, BLOCK):
+            offs = off + tl.arange(0, BLOCK)
+            x, ok = _masked_logits(logits_ptr, lrow, mask_ptr, mrow, offs, V, W, HAS_MASK)
+            bm = tl.max(x, 0)
+            bi = tl.argmax(x, 0, tie_break_left=True)
+            upd = bm > best
+            best_i = tl.where(upd, off + bi, best_i)
+            best = tl.where(upd, bm, best)
+            if sample:
+                g = x * scale - tl.log2(-tl.log2(_uniform(key, offs)))
+                g = tl.where(x > float("-inf"), g, float("-inf"))
+                gm = tl.max(g, 0)
+                gi = tl.argmax(g, 0, tie_break_left=True)
+                gupd = gm > gbest
+                gbest_i = tl.where(gupd, off + gi, gbest_i)
+                gbest = tl.where(gupd, gm, gbest)
+        o = b.to(tl.int64) * S + c
+        tl.store(pmax_ptr + o, best)
+        tl.store(pidx_ptr + o, best_i)
+        tl.store(gsc_ptr + o, gbest)
+        tl.store(gidx_ptr + o, gbest_i)
+
+    @triton.jit
+    def _row_max(pmax_ptr, b, S, S_POW2: tl.constexpr):
+        j = tl.arange(0, S_POW2)
+        pm = tl.load(pmax_ptr + b.to(tl.int64) * S + j, mask=j < S, other=float("-inf"))
+        return tl.max(pm, 0)
+
+    @triton.jit
+    def _threshold_kernel(
+        logits_ptr, l_stride, mask_ptr, midx_ptr, W,
+        temp_ptr, topk_ptr, topp_ptr, minp_ptr,
+        pmax_ptr, thr_ptr, V, S,
+        S_POW2: tl.constexpr, HAS_MASK: tl.constexpr, HAS_MIDX: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        lrow, mrow = _row_setup(b, l_stride, midx_ptr, HAS_MIDX)
+        t = tl.load(temp_ptr + b).to(tl.float32)
+        k = tl.load(topk_ptr + b).to(tl.int32)
+        p = tl.load(topp_ptr + b).to(tl.float32)
+        mp = tl.load(minp_ptr + b).to(tl.float32)
+        m = _row_max(pmax_ptr, b, S, S_POW2)
+        inv_t = 1.0 / tl.where(t > 0, t, 1.0)
+        j = tl.arange(0, 16).to(tl.int64)
+        hi = tl.full([], 0x7FFFFFFF, tl.int64)
+        active = (t > 0) & (m > float("-inf"))
+        if active & (k > 0):
+            lo = tl.full([], 0, tl.int64)
+            while lo < hi:
+                cand = lo + ((hi - lo) * j) // 16
+                cnt = tl.zeros([16], tl.int32)
+                for off in tl.range(0, V, BLOCK):
+                    offs = off + tl.arange(0, BLOCK)
+                    x, ok = _masked_logits(logits_ptr, lrow, mask_ptr, mrow, offs, V, W, HAS_MASK)
+                    z, u = _keys(x, ok, m, inv_t)
+                    inside = ok[:, None] & (u.to(tl.int64)[:, None] <= cand[None, :])
+                    cnt += tl.sum(inside.to(tl.int32), axis=0)
+                ge = cnt >= k
+                new_hi = tl.min(tl.where(ge, cand, hi), 0)
+                lo = tl.max(tl.where(ge, lo, cand + 1), 0)
+                hi = new_hi
+        if active & (p < 1.0):
+            total = tl.zeros([BLOCK], tl.float32)
+            for off in tl.range(0, V, BLOCK):
+                offs = off + tl.arange(0, BLOCK)
+                x, ok = _masked_logits(logits_ptr, lrow, mask_ptr, mrow, offs, V, W, HAS_MASK)
+                z, u = _keys(x, ok, m, inv_t)
+                e = tl.where(ok & (u.to(tl.int64) <= hi), tl.exp(z), 0.0)
+                total += e
+            target = p * tl.sum(total, 0)
+            lo = tl.full([], 0, tl.int64)
+            while lo < hi:
+                cand = lo + ((hi - lo) * j) // 16
+                mass = tl.zeros([16], tl.float32)
+                for off in tl.range(0, V, BLOCK):
+                    offs = off + tl.arange(0, BLOCK)
+                    x, ok = _masked_logits(logits_ptr, lrow, mask_ptr, mrow, offs, V, W, HAS_MASK)
+                    z, u = _keys(x, ok, m, inv_t)
+                    e = tl.where(ok, tl.exp(z), 0.0)
+                    inside = ok[:, None] & (u.to(tl.int64)[:, None] <= cand[None, :])
+                    mass += tl.sum(tl.where(inside, e[:, None], 0.0), axis=0)
+                ge = mass >= target
+                new_hi = tl.min(tl.where(ge, cand, hi), 0)
+                lo = tl.max(tl.where(ge, lo, cand + 1), 0)
+                hi = new_hi
+        if active & (mp > 0.0):
+            lm = -tl.log(tl.minimum(mp, 1.0))
+            um = (lm.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
+            hi = tl.minimum(hi, um)
+        tl.store(thr_ptr + b, hi)
+
+    @triton.jit
+    def _filtered_kernel(
+        logits_ptr, l_stride, mask_ptr, midx_ptr, W,
+        temp_ptr, seed_ptr, topk_ptr, topp_ptr, minp_ptr,
+        pmax_ptr, thr_ptr, gsc_ptr, gidx_ptr, V, CHUNK, S,
+        S_POW2: tl.constexpr, HAS_MASK: tl.constexpr, HAS_MIDX: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        c = tl.program_id(1)
+        t = tl.load(temp_ptr + b).to(tl.float32)
+        filt = (tl.load(topk_ptr + b) > 0) | (tl.load(topp_ptr + b) < 1.0) | (tl.load(minp_ptr + b) > 0.0)
+        if (t > 0) & filt:
+            lrow, mrow = _row_setup(b, l_stride, midx_ptr, HAS_MIDX)
+            m = _row_max(pmax_ptr, b, S, S_POW2)
+            inv_t = 1.0 / t
+            thr = tl.load(thr_ptr + b)
+            key = _row_key(tl.load(seed_ptr + b))
+            gbest = tl.full([], float("-inf"), tl.float32)
+            gbest_i = tl.full([], -1, tl.int32)
+            start = c * CHUNK
+            end = tl.minimum(start + CHUNK, V)
+            for off in tl.range(start, end, BLOCK):
+                offs = off + tl.arange(0, BLOCK)
+                x, ok = _masked_logits(logits_ptr, lrow, mask_ptr, mrow, offs, V, W, HAS_MASK)
+                z, u = _keys(x, ok, m, inv_t)
+                keep = ok & (u.to(tl.int64) <= thr) & (z > float("-inf"))
+                g = z * 1.4426950408889634 - tl.log2(-tl.log2(_uniform(key, offs)))
+                g = tl.where(keep, g, float("-inf"))
+                gm = tl.max(g, 0)
+                gi = tl.argmax(g, 0, tie_break_left=True)
+                gupd = gm > gbest
+                gbest_i = tl.where(gupd, off + gi, gbest_i)
+                gbest = tl.where(gupd, gm, gbest)
+            o = b.to(tl.int64) * S + c
+            tl.store(gsc_ptr + o, gbest)
+            tl.store(gidx_ptr + o, gbest_i)
+
+    @triton.jit
+    def _finalize_kernel(
+        temp_ptr, pmax_ptr, pidx_ptr, gsc_ptr, gidx_ptr, tok_ptr, flag_ptr, S, S_POW2: tl.constexpr
+    ):
+        b = tl.program_id(0)
+        j = tl.arange(0, S_POW2)
+        o = b.to(tl.int64) * S + j
+        pm = tl.load(pmax_ptr + o, mask=j < S, other=float("-inf"))
+        gs = tl.load(gsc_ptr + o, mask=j < S, other=float("-inf"))
+        mi = tl.argmax(pm, 0, tie_break_left=True)
+        gi = tl.argmax(gs, 0, tie_break_left=True)
+        greedy_tok = tl.load(pidx_ptr + b.to(tl.int64) * S + mi)
+        sample_tok = tl.load(gidx_ptr + b.to(tl.int64) * S + gi)
+        t = tl.load(temp_ptr + b).to(tl.float32)
+        bad = tl.max(pm, 0) == float("-inf")
+        tok = tl.where(t > 0, sample_tok, greedy_tok)
+        bad = bad | ((t > 0) & (tl.max(gs, 0) == float("-inf")))
+        tok = tl.where(bad, -1, tok)
+        tl.store(tok_ptr + b, tok.to(tl.int64))
+        tl.store(flag_ptr + b, bad.to(tl.int8))
+
+
+def _split(b: int, v: int, block: int) -> tuple[int, int]:
+    """(chunk, n_chunks): enough programs to fill the card, whole blocks per chunk."""
+    n_blocks = triton.cdiv(v, block)
+    want = max(1, min(n_blocks, triton.cdiv(1024, b)))
+    per = triton.cdiv(n_blocks, want)
+    return per * block, triton.cdiv(n_blocks, per)
+
+
+def sample(
+    logits: torch.Tensor,
+    masks: torch.Tensor | None = None,
+    mask_index: torch.Tensor | None = None,
+    *,
+    temperature: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    min_p: torch.Tensor | None = None,
+    seeds: torch.Tensor | None = None,
+    block: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row under its mask; returns (tokens int64 (B,), all_masked bool (B,)).
+
+    logits (B, V) any float dtype. masks (R, words) int32 mask table; row b uses
+    masks[mask_index[b]] (negative index = unconstrained), or masks[b] when mask_index is None;
+    masks=None samples unconstrained. Per-row (B,) parameters: temperature (<= 0 means greedy,
+    default 1), top_k (<= 0 off), top_p (>= 1 off), min_p (<= 0 off), seeds int64 (same seed
+    and logits -> same token; change it per step). Leaving top_k/top_p/min_p all None skips the
+    filter kernels entirely. All-masked rows return token -1 and flag True.
+    """
+    if not use_triton(logits):
+        return sample_ref(logits, masks, mask_index, temperature=temperature, top_k=top_k,
+                          top_p=top_p, min_p=min_p, seeds=seeds)
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    b, v = logits.shape
+    dev = logits.device
+    has_filters = top_k is not None or top_p is not None or min_p is not None
+    temperature, top_k, top_p, min_p, seeds = _defaults(b, dev, temperature, top_k, top_p, min_p, seeds)
+    chunk, s = _split(b, v, block)
+    s_pow2 = triton.next_power_of_2(s)
+    pmax = torch.empty(b, s, dtype=torch.float32, device=dev)
+    pidx = torch.empty(b, s, dtype=torch.int32, device=dev)
+    gsc = torch.empty(b, s, dtype=torch.float32, device=dev)
+    gidx = torch.empty(b, s, dtype=torch.int32, device=dev)
+    has_mask = masks is not None
+    mask_arg = masks if has_mask else logits
+    midx = mask_index.to(device=dev, dtype=torch.int32) if mask_index is not None else None
+    midx_arg = midx if midx is not None else logits
+    w = masks.shape[-1] if has_mask else 0
+    common = dict(HAS_MASK=has_mask, HAS_MIDX=midx is not None, BLOCK=block)
+    _stage1_kernel[(b, s)](
+        logits, logits.stride(0), mask_arg, midx_arg, w,
+        temperature, seeds, top_k, top_p, min_p,
+        pmax, pidx, gsc, gidx, v, chunk, s,
+        HAS_FILTERS=has_filters, num_warps=4, **common,
+    )
+    if has_filters:
+        thr = torch.empty(b, dtype=torch.int64, device=dev)
+        _threshold_kernel[(b,)](
+            logits, logits.stride(0), mask_arg, midx_arg, w,
+            temperature, top_k, top_p, min_p, pmax, thr, v, s,
+            S_POW2=s_pow2, num_warps=8, **common,
+        )
+        _filtered_kernel[(b, s)](
+            logits, logits.stride(0), mask_arg, midx_arg, w,
+            temperature, seeds, top_k, top_p, min_p,
+            pmax, thr, gsc, gidx, v, chunk, s,
+            S_POW2=s_pow2, num_warps=4, **common,
+        )
+    tok = torch.empty(b, dtype=torch.int64, device=dev)
+    flag = torch.empty(b, dtype=torch.int8, device=dev)
+    _finalize_kernel[(b,)](temperature, pmax, pidx, gsc, gidx, tok, flag, s, S_POW2=s_pow2, num_warps=1)
+    return tok, flag.bool()

@@ -1,0 +1,293 @@
+"""GPU-resident constraint state: mask rows per state and a (state, token) -> next-state hash.
+
+Why a hash and not per-state sorted token lists: the host learns transitions one (state, token)
+at a time, on misses, so rows of a CSR layout would have to be rebuilt as they fill. An
+open-addressing table takes inserts in any order and stays one flat tensor pair.
+
+Layout (all on `device`, growable by doubling; kernels take capacities as runtime arguments, so
+growth never recompiles, but it does reallocate: `generation` increments and a captured CUDA
+graph must then be captured again; `reserve()` up front avoids that in steady state):
+- `masks`   int32 (state_capacity, words): row s is the bitmask of state s (0 = nothing allowed
+  until `add_states` fills it); `present` int8 (state_capacity,) says which rows are filled.
+- `keys`    int64 (slots,): (state << 32) | token, -1 = empty; `values` int32 (slots,): next state.
+  Linear probing; every key is stored within MAX_PROBE slots of its home, so a lookup is a
+  fixed MAX_PROBE loads with no data-dependent loop (graph- and warp-friendly). An insert that
+  cannot honour that bound, or a load factor over 1/2, doubles the table.
+
+State ids are used directly as row indices, so they should be dense small integers (the lazy
+compiler hands them out in order). Inserts are computed on a host mirror of the key array and
+only the touched slots are copied to the device: the host already holds the new state then.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ._common import HAS_TRITON, MASK32, _mix_ref, tl, triton, use_triton
+
+if HAS_TRITON:
+    from ._common import _mix
+
+MAX_PROBE = 8
+_HASH_MUL = 0x61C88647
+
+
+def _hash_np(keys: np.ndarray) -> np.ndarray:
+    """Home slot hash of packed keys (before masking by capacity); twin of `_slot_hash`."""
+    t = torch.from_numpy(keys)
+    return _hash_ref(t >> 32, t & MASK32).numpy()
+
+
+def _hash_ref(states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    s = states.to(torch.int64) & MASK32
+    t = tokens.to(torch.int64) & MASK32
+    return _mix_ref(((s * _HASH_MUL) & MASK32) ^ t)
+
+
+def advance_ref(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    present: torch.Tensor,
+    states: torch.Tensor,
+    tokens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure-torch twin of the advance kernel (same probing, same outputs)."""
+    cap = keys.numel()
+    states = states.to(torch.int32)
+    active = states >= 0
+    key = (states.to(torch.int64).clamp(min=0) << 32) | tokens.to(torch.int64)
+    home = _hash_ref(states.clamp(min=0), tokens)
+    nxt = torch.full_like(states, -1)
+    found = torch.zeros_like(active)
+    for p in range(MAX_PROBE):
+        slot = (home + p) & (cap - 1)
+        hit = (keys[slot] == key) & ~found
+        nxt = torch.where(hit, values[slot], nxt)
+        found |= hit
+    ok = found & (present[nxt.clamp(min=0).long()] != 0)
+    miss = active & ~ok
+    out = torch.where(active, torch.where(ok, nxt, torch.full_like(nxt, -1)), states)
+    return out, miss
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _slot_hash(s, t):
+        """Home slot hash of (state, token) before masking by capacity (twin: `_hash_ref`)."""
+        return _mix((s.to(tl.uint32) * 0x61C88647) ^ t.to(tl.uint32))
+
+    @triton.jit
+    def _advance_kernel(
+        keys_ptr,
+        values_ptr,
+        present_ptr,
+        states_ptr,
+        tokens_ptr,
+        out_ptr,
+        miss_ptr,
+        n,
+        cap,
+        MAX_PROBE_: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inb = offs < n
+        s = tl.load(states_ptr + offs, mask=inb, other=-1)
+        t = tl.load(tokens_ptr + offs, mask=inb, other=0)
+        active = s >= 0
+        s0 = tl.maximum(s, 0)
+        key = (s0.to(tl.int64) << 32) | t.to(tl.int64)
+        slot = (_slot_hash(s0, t) & (cap - 1)).to(tl.int64)
+        nxt = tl.full([BLOCK], -1, tl.int32)
+        found = tl.zeros([BLOCK], tl.int1)
+        for _ in tl.static_range(MAX_PROBE_):
+            k = tl.load(keys_ptr + slot, mask=inb & active, other=-1)
+            hit = (k == key) & (~found)
+            v = tl.load(values_ptr + slot, mask=hit, other=-1)
+            nxt = tl.where(hit, v, nxt)
+            found = found | hit
+            slot = (slot + 1) & (cap - 1)
+        pres = tl.load(present_ptr + tl.maximum(nxt, 0), mask=found, other=0)
+        ok = found & (pres != 0)
+        miss = active & (~ok)
+        out = tl.where(active, tl.where(ok, nxt, -1), s)
+        tl.store(out_ptr + offs, out, mask=inb)
+        tl.store(miss_ptr + offs, miss.to(tl.int8), mask=inb)
+
+
+class StateTable:
+    """Per compiled grammar: mask rows of states seen so far and their transitions, on the GPU."""
+
+    def __init__(
+        self,
+        mask_words: int,
+        device: torch.device | str = "cpu",
+        state_capacity: int = 64,
+        transition_capacity: int = 1024,
+    ) -> None:
+        self.words = int(mask_words)
+        self.device = torch.device(device)
+        self.generation = 0
+        self.masks = torch.zeros(_pow2(state_capacity), self.words, dtype=torch.int32, device=self.device)
+        self.present = torch.zeros(self.masks.shape[0], dtype=torch.int8, device=self.device)
+        self._alloc_slots(_pow2(max(transition_capacity, 16)))
+
+    # ---- capacity -------------------------------------------------------------------------
+    @property
+    def state_capacity(self) -> int:
+        return self.masks.shape[0]
+
+    @property
+    def transition_capacity(self) -> int:
+        return self.keys.numel()
+
+    def _alloc_slots(self, cap: int) -> None:
+        self.num_transitions = 0
+        self._keys_np = np.full(cap, -1, dtype=np.int64)
+        self._values_np = np.full(cap, -1, dtype=np.int32)
+        self.keys = torch.full((cap,), -1, dtype=torch.int64, device=self.device)
+        self.values = torch.full((cap,), -1, dtype=torch.int32, device=self.device)
+
+    def reserve(self, states: int = 0, transitions: int = 0) -> None:
+        """Grow ahead of time so steady-state decoding never reallocates (keeps graphs valid)."""
+        if states > self.state_capacity:
+            self._grow_states(states)
+        if 2 * transitions > self.transition_capacity:
+            self._rehash(_pow2(2 * transitions))
+
+    def _grow_states(self, need: int) -> None:
+        cap = _pow2(max(need, 2 * self.state_capacity))
+        masks = torch.zeros(cap, self.words, dtype=torch.int32, device=self.device)
+        present = torch.zeros(cap, dtype=torch.int8, device=self.device)
+        masks[: self.state_capacity] = self.masks
+        present[: self.state_capacity] = self.present
+        self.masks, self.present = masks, present
+        self.generation += 1
+
+    def _rehash(self, cap: int) -> None:
+        old = self._keys_np != -1
+        keys, values = self._keys_np[old], self._values_np[old]
+        while True:
+            self._alloc_slots(cap)
+            if self._place(keys, values) is not None:
+                break
+            cap *= 2
+        self.keys.copy_(torch.from_numpy(self._keys_np))
+        self.values.copy_(torch.from_numpy(self._values_np))
+        self.generation += 1
+
+    # ---- host inserts ---------------------------------------------------------------------
+    def add_state(self, state_id: int, mask_words: torch.Tensor) -> None:
+        """Store the mask row (int32 words) of one state."""
+        self.add_states(torch.tensor([state_id]), mask_words.reshape(1, -1))
+
+    def add_states(self, state_ids: torch.Tensor, mask_rows: torch.Tensor) -> None:
+        """Store mask rows (n, words) int32 for states `state_ids` (n,)."""
+        ids = torch.as_tensor(state_ids).to(torch.int64).reshape(-1)
+        if ids.numel() == 0:
+            return
+        rows = torch.as_tensor(mask_rows).to(torch.int32).reshape(ids.numel(), self.words)
+        if int(ids.min()) < 0:
+            raise ValueError("state ids must be >= 0")
+        need = int(ids.max()) + 1
+        if need > self.state_capacity:
+            self._grow_states(need)
+        ids = ids.to(self.device)
+        self.masks[ids] = rows.to(self.device)
+        self.present[ids] = 1
+
+    def add_transitions(self, states: torch.Tensor, tokens: torch.Tensor, next_states: torch.Tensor) -> None:
+        """Record (state, token) -> next_state for each element (later duplicates win)."""
+        s = torch.as_tensor(states).to("cpu", torch.int64).reshape(-1).numpy()
+        t = torch.as_tensor(tokens).to("cpu", torch.int64).reshape(-1).numpy()
+        v = torch.as_tensor(next_states).to("cpu", torch.int32).reshape(-1).numpy()
+        if s.size == 0:
+            return
+        if (s < 0).any() or (t < 0).any() or (v < 0).any():
+            raise ValueError("states, tokens and next states must be >= 0")
+        keys = (s << 32) | t
+        # keep the last occurrence of each key
+        _, last = np.unique(keys[::-1], return_index=True)
+        keep = keys.size - 1 - last
+        keys, v = keys[keep], v[keep]
+        if 2 * (self.num_transitions + keys.size) > self.transition_capacity:
+            self._rehash(_pow2(2 * (self.num_transitions + keys.size)))
+        touched = self._place(keys, v)
+        if touched is None:  # probe bound exceeded: double and re-place everything
+            self._rehash(2 * self.transition_capacity)
+            touched = self._place(keys, v)
+            while touched is None:  # pragma: no cover - astronomically unlikely at load <= 1/2
+                self._rehash(2 * self.transition_capacity)
+                touched = self._place(keys, v)
+        if touched.size:
+            idx = torch.from_numpy(touched).to(self.device)
+            self.keys[idx] = torch.from_numpy(self._keys_np[touched]).to(self.device)
+            self.values[idx] = torch.from_numpy(self._values_np[touched]).to(self.device)
+
+    def _place(self, keys: np.ndarray, values: np.ndarray) -> np.ndarray | None:
+        """Insert into the host mirror; returns touched slots, or None if a key would land
+        more than MAX_PROBE from home (the mirror is then left partially updated: rehash)."""
+        cap = self._keys_np.size
+        home = _hash_np(keys)
+        touched = []
+        pending = np.ones(keys.size, dtype=bool)
+        for p in range(MAX_PROBE):  # update keys already present
+            slot = (home + p) & (cap - 1)
+            hit = pending & (self._keys_np[slot] == keys)
+            self._values_np[slot[hit]] = values[hit]
+            touched.append(slot[hit])
+            pending &= ~hit
+        new = 0
+        for p in range(MAX_PROBE):
+            idx = np.nonzero(pending)[0]
+            if idx.size == 0:
+                break
+            slot = (home[idx] + p) & (cap - 1)
+            empty = self._keys_np[slot] == -1
+            idx, slot = idx[empty], slot[empty]
+            slot, first = np.unique(slot, return_index=True)
+            idx = idx[first]
+            self._keys_np[slot] = keys[idx]
+            self._values_np[slot] = values[idx]
+            pending[idx] = False
+            touched.append(slot)
+            new += idx.size
+        self.num_transitions += new
+        if pending.any():
+            return None
+        return np.concatenate(touched) if touched else np.zeros(0, dtype=np.int64)
+
+    # ---- device lookups -------------------------------------------------------------------
+    def advance(self, states: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next state per row, and a miss flag (bool) where the host must compute it.
+
+        states (n,) int32 (negative = unconstrained row: passed through, never a miss),
+        tokens (n,) int. A miss is an unknown (state, token) pair or a next state whose mask row
+        is not stored yet; its next state reads -1.
+        """
+        states = states.to(device=self.device, dtype=torch.int32).contiguous()
+        tokens = tokens.to(device=self.device, dtype=torch.int32).contiguous()
+        if not use_triton(states):
+            return advance_ref(self.keys, self.values, self.present, states, tokens)
+        n = states.numel()
+        out = torch.empty_like(states)
+        miss = torch.empty(n, dtype=torch.int8, device=self.device)
+        if n:
+            block = 128 if n <= 4096 else 512
+            _advance_kernel[(triton.cdiv(n, block),)](
+                self.keys, self.values, self.present, states, tokens, out, miss,
+                n, self.transition_capacity, MAX_PROBE_=MAX_PROBE, BLOCK=block, num_warps=4,
+            )
+        return out, miss.bool()
+
+    def gather_masks(self, states: torch.Tensor) -> torch.Tensor:
+        """(n, words) mask rows of `states`; negative states get an all-allowed row (-1 words)."""
+        states = states.to(self.device).long()
+        rows = self.masks[states.clamp(min=0)]
+        return torch.where((states < 0)[:, None], torch.full_like(rows, -1), rows)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 1).bit_length()
