@@ -250,9 +250,9 @@ class _Parser:
         high = int(hi) if hi else None
         for count in (low, high):
             if count is not None and count > MAX_REPEAT:
-                raise self.error(f"repetition count {count} exceeds the limit of {MAX_REPEAT}", start)
+                raise self.error(f"repetition count {count} exceeds the limit of {MAX_REPEAT}", start + 1)
         if high is not None and high < low:
-            raise self.error("min repeat greater than max repeat", start)
+            raise self.error("min repeat greater than max repeat", start + 1)
         self.i = j + 1
         return low, high
 
