@@ -1,0 +1,232 @@
+"""The user-facing engine: load a model once, generate under constraints, extract typed data.
+
+``Engine`` ties the layers together: ``engine.model`` loads the checkpoint, constrain compiles
+each constraint against the model's vocabulary (cached), and the scheduler batches every request
+in one continuous batch. Results whose budget ran out are never handed back as valid: ``extract``
+raises ``ExtractionError`` and ``generate(..., on_length="raise")`` raises ``LengthError``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from constrain import CompiledGrammar, Vocabulary
+from engine.constraints import Constraint, schema_dict
+from engine.generate import run_requests
+from engine.model import LoadedModel, load_model
+from engine.runner import ModelRunner
+from engine.sampler import SamplingParams
+from engine.scheduler import Scheduler
+from engine.types import GenerationRequest, GenerationResult
+
+logger = logging.getLogger("constrain")
+
+DEFAULT_INSTRUCTIONS = (
+    "Extract the information from the text below. Answer with one JSON object that follows the "
+    "schema. Use only facts stated in the text."
+)
+
+
+class LengthError(RuntimeError):
+    """A constrained generation hit ``max_tokens`` before the document was complete."""
+
+    def __init__(self, message: str, result: GenerationResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class ExtractionError(RuntimeError):
+    """``Engine.extract`` could not produce a complete, valid object (``.result`` has the raw output)."""
+
+    def __init__(self, message: str, result: GenerationResult | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass
+class Request:
+    """One prompt with its own constraint and sampling settings (for mixed batches).
+
+    ``prompt`` is user text (wrapped in the chat template when the model has one, unless
+    ``chat=False``) or a list of token ids used as is. At most one of ``json_schema``, ``regex``,
+    ``grammar`` (Lark text) and ``choices`` may be set.
+    """
+
+    prompt: str | list[int]
+    json_schema: Any = None
+    regex: str | None = None
+    grammar: str | None = None
+    choices: Sequence[str] | None = None
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    system: str | None = None
+    chat: bool | None = None
+    stop_token_ids: Sequence[int] | None = None
+
+    def constraint(self) -> Constraint | None:
+        return Constraint.from_args(self.json_schema, self.regex, self.grammar, self.choices)
+
+
+class Engine:
+    """A loaded model plus a continuous-batching scheduler. Not thread-safe: one caller at a time."""
+
+    def __init__(self, loaded: LoadedModel, max_batch: int | None = None) -> None:
+        self.loaded = loaded
+        self.vocab = Vocabulary.from_hf(
+            loaded.tokenizer, vocab_size=loaded.logits_width, eos_tokens=list(loaded.eos_token_ids) or None
+        )
+        self.max_batch = max_batch or (64 if loaded.device.type == "cuda" else 16)
+        self._runner: ModelRunner | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+        max_batch: int | None = None,
+    ) -> "Engine":
+        """Load a local model folder or ``.gguf`` file (default: the SmolLM2-135M demo model)."""
+        return cls(load_model(path, device=device, dtype=dtype), max_batch=max_batch)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    # -- compilation -------------------------------------------------------------------------
+    def compile(self, constraint: Constraint) -> CompiledGrammar:
+        """Compile a constraint against this model's vocabulary (cached by constrain)."""
+        return constraint.compile(self.vocab)
+
+    # -- generation --------------------------------------------------------------------------
+    def _encode(self, text: str) -> list[int]:
+        return [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+    def _to_request(self, r: Request) -> GenerationRequest:
+        c = r.constraint()
+        ids = list(r.prompt) if not isinstance(r.prompt, str) else self.loaded.encode_prompt(r.prompt, r.system, r.chat)
+        stops = r.stop_token_ids if r.stop_token_ids is not None else self.loaded.eos_token_ids
+        return GenerationRequest(
+            prompt_ids=ids,
+            grammar=self.compile(c) if c is not None else None,
+            sampling=SamplingParams(r.temperature, r.top_p, r.top_k, r.seed),
+            max_tokens=r.max_tokens,
+            stop_token_ids=frozenset(int(t) for t in stops),
+        )
+
+    def _scheduler(self, reqs: Sequence[GenerationRequest]) -> Scheduler:
+        need_len = max(len(r.prompt_ids) + r.max_tokens for r in reqs)
+        slots = min(self.max_batch, len(reqs))
+        run = self._runner
+        if run is None or run.max_len < need_len or run.max_slots < slots:
+            length = -(-max(need_len, run.max_len if run else 0) // 128) * 128
+            slots = max(slots, run.max_slots if run else 0)
+            self._runner = None  # free the old cache before allocating the new one
+            logger.debug("allocating KV cache: %d slots x %d tokens", slots, length)
+            self._runner = run = ModelRunner(self.loaded.model, slots, length)
+        return Scheduler(run, self.vocab, self._encode)
+
+    def run(
+        self,
+        requests: Sequence[Request],
+        on_result: Callable[[int, GenerationResult], None] | None = None,
+    ) -> list[GenerationResult]:
+        """Generate for a mixed batch (each request with its own constraint and settings)."""
+        if not requests:
+            return []
+        reqs = [self._to_request(r) for r in requests]
+        return run_requests(self._scheduler(reqs), reqs, on_result)
+
+    def generate(
+        self,
+        prompts: str | Sequence[str],
+        *,
+        json_schema: Any = None,
+        regex: str | None = None,
+        grammar: str | None = None,
+        choices: Sequence[str] | None = None,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        system: str | None = None,
+        on_length: Literal["return", "raise"] = "return",
+        on_result: Callable[[int, GenerationResult], None] | None = None,
+    ) -> GenerationResult | list[GenerationResult]:
+        """Generate for one prompt (returns one result) or a list (returns a list).
+
+        All prompts share the constraint and sampling settings; use ``run`` for mixed batches.
+        With a seed, request ``i`` uses ``seed + i`` so that batched prompts do not all draw the
+        same random numbers.
+        """
+        single = isinstance(prompts, str)
+        items = [prompts] if single else list(prompts)
+        reqs = [Request(p, json_schema, regex, grammar, choices, max_tokens, temperature, top_p, top_k,
+                        None if seed is None else seed + i, system) for i, p in enumerate(items)]
+        results = self.run(reqs, on_result)
+        if on_length == "raise":
+            for res in results:
+                if res.finish_reason == "length" and res.constrained:
+                    raise LengthError(f"max_tokens={max_tokens} ran out before the output was complete; "
+                                      "raise max_tokens", res)
+        return results[0] if single else results
+
+    # -- extraction --------------------------------------------------------------------------
+    def extract(
+        self,
+        text: str | Sequence[str],
+        schema: Any,
+        instructions: str | None = None,
+        max_tokens: int = 512,
+        **sampling: Any,
+    ) -> Any:
+        """Extract an object matching ``schema`` (pydantic model class or JSON Schema dict) from text.
+
+        Returns a validated pydantic instance (or a dict for a dict schema); a list of them when
+        ``text`` is a list. Raises ``ExtractionError`` when the budget runs out or validation fails.
+        """
+        single = isinstance(text, str)
+        texts = [text] if single else list(text)
+        sd = schema_dict(schema)
+        prompts = [
+            f"{instructions or DEFAULT_INSTRUCTIONS}\n\nJSON Schema:\n{json.dumps(sd)}\n\nText:\n{t}"
+            for t in texts
+        ]
+        results = self.generate(prompts, json_schema=sd, max_tokens=max_tokens, **sampling)
+        out = [_validate(res, schema, sd, max_tokens) for res in results]  # type: ignore[union-attr]
+        return out[0] if single else out
+
+
+def _validate(res: GenerationResult, schema: Any, sd: Any, max_tokens: int) -> Any:
+    """Parse and validate one extraction output, or raise ``ExtractionError``."""
+    if res.finish_reason == "length":
+        raise ExtractionError(
+            f"extraction stopped at max_tokens={max_tokens} before the JSON was complete "
+            f"(partial output: {res.text[:80]!r}...); raise max_tokens", res)
+    try:
+        data = json.loads(res.text)
+    except json.JSONDecodeError as exc:
+        raise ExtractionError(f"output is not JSON ({exc}); this is a bug in the constraint", res) from exc
+    if hasattr(schema, "model_validate"):
+        try:
+            return schema.model_validate(data)
+        except Exception as exc:  # pydantic.ValidationError: keywords the schema cannot express
+            raise ExtractionError(f"output does not validate against {schema.__name__}: {exc}", res) from exc
+    import jsonschema
+
+    try:
+        jsonschema.validate(data, sd)
+    except jsonschema.ValidationError as exc:
+        raise ExtractionError(f"output does not validate against the schema: {exc.message}", res) from exc
+    return data

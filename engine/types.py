@@ -1,0 +1,53 @@
+"""Plain data types shared by the scheduler, the API and the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from constrain import CompiledGrammar
+from engine.sampler import SamplingParams
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt (as token ids) with its constraint, sampling settings and budget.
+
+    ``stop_token_ids`` end *unconstrained* requests; a constrained request ends when its matcher
+    accepts a stop token, which the grammar allows only where the document is complete.
+    """
+
+    prompt_ids: list[int]
+    grammar: CompiledGrammar | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 256
+    stop_token_ids: frozenset[int] = frozenset()
+    force_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """What one request produced.
+
+    ``token_ids`` are the content tokens (the stop token is not included) and ``text`` their
+    bytes decoded as UTF-8. ``finish_reason == "length"`` means the budget ran out first: for a
+    constrained request the text is then an incomplete document, and ``valid`` is False.
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int = 0
+    forced_tokens: int = 0
+    constrained: bool = False
+
+    @property
+    def valid(self) -> bool:
+        """True only for complete outputs (finish_reason "stop")."""
+        return self.finish_reason == "stop"
