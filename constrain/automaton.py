@@ -17,9 +17,7 @@ from constrain.derivatives import NOTHING, ExprTable
 from constrain.token_trie import TokenTrie, expand_ranges
 
 DEFAULT_MASK_CACHE = 4096
-# A sequence state whose head allows at least this many distinct first bytes (a free string
-# body, any JSON value) gets its mask from a cached walk of the head alone; see _split_mask.
-SPLIT_MIN_HEAD_BYTES = 48
+
 MAX_FORCED_BYTES = 4096
 
 def _scatter(idx: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
@@ -116,7 +114,7 @@ class TokenAutomaton:
         if parts is None:
             return None
         head, tail = parts
-        if np.count_nonzero(table.row(head)) < SPLIT_MIN_HEAD_BYTES:
+        if table.is_byte_set(head):  # a literal's next byte: the plain walk is already tiny
             return None
         first = 0
         for b in np.nonzero(table.row(tail))[0]:

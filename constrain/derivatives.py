@@ -221,6 +221,9 @@ class ExprTable:
         with self.lock:
             return self._mk_seq(a, b)
 
+    def is_byte_set(self, e: int) -> bool:
+        return self._kind[e] == K_BYTES
+
     def has_dep(self, e: int) -> bool:
         return self._dep[e]
 
