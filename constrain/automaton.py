@@ -194,6 +194,18 @@ class TokenAutomaton:
         if len(missing):
             self.table.ensure_rows(np.unique(missing))
 
+    def budget_mask(self, state: int, max_bytes: float) -> np.ndarray:
+        """Tokens after which the document can still be completed in at most ``max_bytes`` bytes."""
+        table = self.table
+        tokens, nexts = self.transitions(state)
+        if len(tokens):
+            fits = np.zeros(int(nexts.max()) + 1, dtype=bool)
+            fits[nexts] = True
+            for e in np.nonzero(fits)[0]:
+                fits[e] = table.min_completion(int(e)) <= max_bytes
+            tokens = tokens[fits[nexts]]
+        return self._pack(tokens, self.is_accepting(state))
+
     def terminated_mask(self) -> np.ndarray:
         """The mask after a stop token: only stop tokens (engines pad finished rows with them)."""
         return self._pack(np.zeros(0, np.int64), True)

@@ -60,9 +60,11 @@ class ExprTable:
         self._classes: dict[int, tuple[int, ...]] = {}
         self._live: dict[int, bool] = {}
         self._rule_ids = {name: i for i, name in enumerate(grammar.rules)}
+        self._rule_names = list(grammar.rules)
         self._rule_nodes = list(grammar.rules.values())
         self._rule_body: list[int | None] = [None] * len(self._rule_nodes)
-        self._productive = productive_rules(grammar)
+        self._rule_min = rule_min_lengths(grammar)
+        self._min: dict[int, float] = {}
         self._converted: dict[ir.Node, int] = {}
         self._expanding: set[int] = set()
         self._deriving: set[int] = set()
@@ -255,7 +257,7 @@ class ExprTable:
             rule = self._rule_ids.get(node.name)
             if rule is None:
                 raise GrammarError(f"reference to undefined rule {node.name!r}")
-            out = self._mk_ref(rule) if node.name in self._productive else NOTHING
+            out = self._mk_ref(rule) if self._rule_min.get(node.name, INFINITE) < INFINITE else NOTHING
         else:
             raise TypeError(f"not an IR node: {node!r}")
         self._converted[node] = out
@@ -378,6 +380,48 @@ class ExprTable:
             self._classes[e] = parts
             return parts
 
+    def min_completion(self, e: int) -> float:
+        """Bytes in the shortest string that completes ``e`` (``INFINITE`` if none was found)."""
+        got = self._min.get(e)
+        if got is not None:
+            return got
+        with self.lock:
+            k, a = self._kind[e], self._args[e]
+            if self._boolean[e]:
+                out = self._search_min(e)
+            elif k == K_BYTES:
+                out = 1
+            elif k in (K_EMPTY, K_DEP):
+                out = 0
+            elif k == K_SEQ:
+                out = self.min_completion(a[0]) + self.min_completion(a[1])
+            elif k == K_ALT:
+                out = min(self.min_completion(m) for m in a[0])
+            elif k == K_REPEAT:
+                out = 0 if a[1] == 0 else a[1] * self.min_completion(a[0])
+            elif k == K_REF:
+                out = self._rule_min.get(self._rule_names[a[0]], INFINITE)
+            else:
+                out = INFINITE
+            self._min[e] = out
+            return out
+
+    def _search_min(self, e: int) -> float:
+        """Breadth-first search for the nearest accepting derivative (intersections, complements)."""
+        frontier, seen, depth = [e], {e}, 0
+        while frontier and len(seen) < LIVENESS_BUDGET:
+            nxt = []
+            for s in frontier:
+                if self.nullable(s):
+                    return depth
+                for part in self.byte_classes(s):
+                    n = self.derive(s, (part & -part).bit_length() - 1)
+                    if n != NOTHING and n not in seen:
+                        seen.add(n)
+                        nxt.append(n)
+            frontier, depth = nxt, depth + 1
+        return INFINITE
+
     def is_live(self, e: int) -> bool:
         """Whether some byte string leads from ``e`` to acceptance."""
         if e == NOTHING:
@@ -445,57 +489,60 @@ class ExprTable:
         self.rows, self.row_done = rows, done
 
 
-def productive_rules(grammar: ir.Grammar) -> frozenset[str]:
-    """Rules that derive at least one finite string; references to the others are ``NOTHING``.
+INFINITE = float("inf")
 
-    Without this, ``a: "x" a`` would look alive forever and a walk could never finish. ``Not``
-    is taken as productive (an over-approximation that the liveness search then refines).
+
+def rule_min_lengths(grammar: ir.Grammar) -> dict[str, float]:
+    """Length of the shortest string each rule derives (``INFINITE`` for unproductive rules).
+
+    Unproductive rules (``a: "x" a``) are turned into ``NOTHING`` so that no walk can enter a
+    state with no way out; the lengths also drive the budget-aware close. ``And``/``Not`` count
+    as length 0 here (a lower bound): the states built from them get an exact search instead.
     """
-    known: set[str] = set()
+    known: dict[str, float] = {}
     while True:
-        memo: dict[ir.Node, bool] = {}
+        memo: dict[ir.Node, float] = {}
         visiting: set[str] = set()
 
-        def prod(node: ir.Node) -> bool:
+        def size(node: ir.Node) -> float:
             got = memo.get(node)
             if got is not None:
                 return got
             if isinstance(node, ir.Bytes):
-                out = node.mask != 0
-            elif isinstance(node, (ir.Seq, ir.And)):
-                out = all(prod(i) for i in node.items)
+                out: float = 1 if node.mask else INFINITE
+            elif isinstance(node, ir.Seq):
+                out = sum((size(i) for i in node.items), 0.0)
             elif isinstance(node, ir.Alt):
-                out = any(prod(i) for i in node.items)
+                out = min((size(i) for i in node.items), default=INFINITE)
+            elif isinstance(node, ir.And):
+                out = INFINITE if any(size(i) == INFINITE for i in node.items) else 0
             elif isinstance(node, ir.Not):
-                out = True
+                out = 0
             elif isinstance(node, ir.Repeat):
-                out = node.min == 0 or prod(node.item)
+                out = 0 if node.min == 0 else node.min * size(node.item)
             elif isinstance(node, ir.Ref):
-                if node.name in known:
-                    return True
                 body = grammar.rules.get(node.name)
                 if body is None or node.name in visiting:
-                    return False  # undefined rules are reported when reached; cycles retried
+                    return known.get(node.name, INFINITE)  # undefined: reported when reached
                 visiting.add(node.name)
-                out = prod(body)
+                out = min(size(body), known.get(node.name, INFINITE))
                 visiting.discard(node.name)
-                if out:
-                    known.add(node.name)
                 return out
             else:
                 raise TypeError(f"not an IR node: {node!r}")
             memo[node] = out
             return out
 
-        before = len(known)
+        changed = False
         for name, body in grammar.rules.items():
-            if name not in known:
-                visiting.add(name)
-                if prod(body):
-                    known.add(name)
-                visiting.discard(name)
-        if len(known) == before:
-            return frozenset(known)
+            visiting.add(name)
+            n = size(body)
+            visiting.discard(name)
+            if n < known.get(name, INFINITE):
+                known[name] = n
+                changed = True
+        if not changed:
+            return known
 
 
 _BITS_CACHE: dict[int, np.ndarray] = {}

@@ -57,13 +57,22 @@ class Matcher:
         self._history.append(s)
         return True
 
-    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> None:
-        """Write the allowed next tokens into row ``index`` of an int32 bitmask."""
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0, *, tokens_left: int | None = None) -> None:
+        """Write the allowed next tokens into row ``index`` of an int32 bitmask.
+
+        ``tokens_left`` (the budget-aware close): at most that many more tokens, the stop token
+        included, may follow. Near the limit only tokens that keep a complete document within
+        reach are allowed, so generation ends valid instead of being cut. It counts one byte per
+        token for the rest, which byte-level vocabularies (all 256 single-byte tokens) guarantee.
+        """
         s = self._history[-1]
+        automaton = self._automaton
         if s == _TERMINATED:
-            words = self._automaton.terminated_mask()
+            words = automaton.terminated_mask()
+        elif tokens_left is not None and automaton.table.min_completion(s) + 2 >= tokens_left:
+            words = automaton.budget_mask(s, tokens_left - 2)
         else:
-            words = self._automaton.mask(s)
+            words = automaton.mask(s)
         row = bitmask[index]
         n = min(len(words), row.shape[0])
         row[:n].copy_(torch.from_numpy(words[:n]))
@@ -76,6 +85,11 @@ class Matcher:
         self.fill_next_token_bitmask(bits)
         flags = np.unpackbits(bits.numpy().view(np.uint8), bitorder="little")
         return np.nonzero(flags)[0]
+
+    def min_completion_bytes(self) -> float:
+        """Bytes in the shortest completion of the document so far (0 when it may end here)."""
+        s = self._history[-1]
+        return 0 if s == _TERMINATED else self._automaton.table.min_completion(s)
 
     def is_accepting(self) -> bool:
         """Whether the text so far is a complete document (a stop token would be accepted)."""

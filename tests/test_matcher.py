@@ -179,3 +179,34 @@ def test_shared_head_masks_equal_full_walks_at_every_depth() -> None:
         assert m.accept_token(tok)
         steps += 1
     assert steps > 10 and automaton._heads, "the shared-head path was never taken"
+
+
+def test_budget_aware_close_always_ends_valid() -> None:
+    """With a token budget, random walks finish with a complete document within the budget."""
+    vocab = gpt2()
+    compiled = constrain.compile_grammar(RECORD, vocab)
+    rng = np.random.default_rng(7)
+    bits = constrain.allocate_token_bitmask(1, vocab.vocab_size)
+    eos = vocab.eos_token_ids[0]
+    for budget in (30, 45, 60):
+        m = compiled.matcher()
+        used = 0
+        while not m.is_terminated():
+            assert used < budget, "budget exceeded"
+            m.fill_next_token_bitmask(bits, 0, tokens_left=budget - used)
+            flags = np.unpackbits(bits.numpy().view(np.uint8), bitorder="little")
+            ids = np.nonzero(flags)[0]
+            assert len(ids), "budget close left no token"
+            non_eos = ids[ids != eos]
+            tok = int(rng.choice(non_eos)) if len(non_eos) else eos
+            assert m.accept_token(tok)
+            used += 1
+        assert used <= budget
+
+
+def test_min_completion_bytes() -> None:
+    compiled = constrain.compile_grammar(RECORD, gpt2())
+    m = compiled.matcher()
+    assert m.min_completion_bytes() == len(b'{"name":"","tags":[]}')
+    m.accept_bytes(b'{"name":"x","tags":[[[')
+    assert m.min_completion_bytes() == len(b"]]]}")
