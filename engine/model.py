@@ -181,6 +181,38 @@ def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(i) for i in ids))
 
 
+def _resolve_path(path: str | os.PathLike[str] | None) -> Path:
+    p = default_model_path() if path is None else Path(path).expanduser()
+    if not p.exists():
+        raise ModelLoadError(f"model path does not exist: {p}")
+    if p.is_file() and p.suffix.lower() != ".gguf":
+        raise ModelLoadError(f"{p} is a file but not a .gguf; pass a model folder or a GGUF file")
+    if p.is_dir() and not (p / "config.json").is_file():
+        raise ModelLoadError(f"{p} has no config.json: not a transformers model folder")
+    return p
+
+
+def load_tokenizer(path: str | os.PathLike[str] | None = None) -> tuple[Any, int]:
+    """The tokenizer of a model and the model's logits width, without loading the weights.
+
+    For commands that only compile constraints (``constrain compile``): a vocabulary needs the
+    tokenizer and the padded output width, not the network.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    p = _resolve_path(path)
+    kwargs: dict[str, Any] = {"gguf_file": p.name} if p.is_file() else {}
+    directory = str(p.parent if p.is_file() else p)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, **kwargs)
+        config = AutoConfig.from_pretrained(directory, local_files_only=True, **kwargs)
+    except Exception as exc:
+        raise ModelLoadError(f"could not load a tokenizer from {p}: {exc}") from exc
+    text = getattr(config, "get_text_config", lambda: config)()
+    width = int(getattr(text, "vocab_size", 0) or len(tokenizer))
+    return tokenizer, max(width, len(tokenizer))
+
+
 def load_model(
     path: str | os.PathLike[str] | None = None,
     device: str | torch.device = "cpu",
@@ -192,24 +224,17 @@ def load_model(
     CPU (bf16 matmuls are slower there) and bfloat16 on CUDA.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-tensor progress bars drown the CLI's own output
     dev = _resolve_device(device)
     if dtype is None:
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    p = default_model_path() if path is None else Path(path).expanduser()
-    if not p.exists():
-        raise ModelLoadError(f"model path does not exist: {p}")
+    p = _resolve_path(path)
     try:
         if p.is_file():
-            if p.suffix.lower() != ".gguf":
-                raise ModelLoadError(f"{p} is a file but not a .gguf; pass a model folder or a GGUF file")
             model, tokenizer = _load_gguf(p, dtype)
         else:
-            if not (p / "config.json").is_file():
-                raise ModelLoadError(f"{p} has no config.json: not a transformers model folder")
             tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
             model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True)
     except ModelLoadError:
