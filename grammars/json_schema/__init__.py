@@ -1,0 +1,48 @@
+"""JSON Schema (draft-04 to 2020-12) -> grammar IR. See ``json_schema_to_grammar``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from grammars.errors import SchemaError
+from grammars.ir import Grammar
+from grammars.json_schema.document import load_schema
+from grammars.json_schema.translate import Options, Translator
+
+__all__ = ["json_schema_to_grammar", "Options"]
+
+
+def json_schema_to_grammar(
+    schema: dict[str, Any] | bool | str,
+    *,
+    whitespace: Literal["compact", "flexible"] = "compact",
+    max_whitespace: int = 4,
+    indent: int | None = None,
+    strict_properties: bool = False,
+    lenient: bool = False,
+    max_recursion_depth: int | None = None,
+    format_mode: Literal["enforce", "annotation"] = "enforce",
+    unknown_format: Literal["error", "ignore"] = "error",
+    oneof_as_anyof: bool = False,
+) -> Grammar:
+    """The grammar of JSON documents that are valid against ``schema`` (a dict, bool or JSON text).
+
+    Documents are compact JSON (``{"a":1,"b":[1,2]}``) unless ``whitespace="flexible"``, which
+    admits runs of at most ``max_whitespace`` spaces/newlines/tabs around structural tokens.
+    Object keys follow declaration order (``properties``), optional ones may be absent, and
+    additional keys come after the declared ones; ``strict_properties`` forbids undeclared keys
+    unless ``additionalProperties``/``patternProperties`` allow them explicitly. Bounded numbers
+    and numbers with ``multipleOf`` are written without exponents; integers as plain digits.
+
+    Soundness first: a keyword that cannot be enforced raises ``SchemaError`` naming it and its
+    JSON pointer; ``lenient=True`` drops it instead and records a note in ``Grammar.notes``.
+    ``oneof_as_anyof`` accepts any matching ``oneOf`` branch where exclusivity is undecidable.
+    ``format_mode="annotation"`` ignores ``format``; ``unknown_format="ignore"`` ignores only
+    formats this module does not know. ``max_recursion_depth`` bounds how deep recursive
+    ``$ref`` structures may nest. ``indent`` (pretty printing) is not supported yet.
+    """
+    if indent is not None:
+        raise SchemaError("indent (pretty printing) is not supported; use whitespace='flexible'", "")
+    options = Options(whitespace, max_whitespace, indent, strict_properties, lenient, max_recursion_depth,
+                      format_mode, unknown_format, oneof_as_anyof)
+    return Translator(load_schema(schema), options).run()

@@ -1,0 +1,160 @@
+"""The schema document: parsing, dialect, and ``$ref`` resolution within it.
+
+References are resolved the way the specification says, but only inside the one document we
+were given: ``$id`` (``id`` in draft-04) sets the base URI of its subtree, ``$anchor`` and
+plain-name ``$id`` fragments name subschemas, fragments that start with ``/`` are JSON pointers
+(``~0``/``~1`` and %-escapes decoded). Remote documents are never fetched.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urldefrag, urljoin
+
+from grammars.errors import SchemaError
+
+__all__ = ["Sub", "Document", "load_schema"]
+
+DEFAULT_BASE = "urn:constrain:root"
+
+# Keywords whose value is a schema / a list of schemas / a map of name -> schema.
+SCHEMA_KEYWORDS = frozenset({
+    "additionalProperties", "additionalItems", "items", "contains", "not", "if", "then", "else",
+    "propertyNames", "unevaluatedItems", "unevaluatedProperties", "contentSchema",
+})
+LIST_KEYWORDS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items"})
+MAP_KEYWORDS = frozenset({
+    "properties", "patternProperties", "definitions", "$defs", "dependentSchemas", "dependencies",
+})
+
+
+@dataclass(frozen=True, eq=False)
+class Sub:
+    """A subschema together with where it lives: its base URI and JSON pointer (for messages)."""
+
+    schema: Any
+    base: str
+    pointer: str
+
+    def key(self) -> tuple[int, str]:
+        return (id(self.schema), self.base)
+
+
+def escape_pointer(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def _own_base(node: dict, base: str, draft4: bool) -> str:
+    ident = node.get("id" if draft4 and "$id" not in node else "$id")
+    if isinstance(ident, str) and not ident.startswith("#"):
+        return urldefrag(urljoin(base, ident))[0] or base
+    return base
+
+
+def load_schema(schema: Any) -> Any:
+    """Accept a dict, a bool or JSON text; anything else is a ``SchemaError``."""
+    if isinstance(schema, (str, bytes, bytearray)):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise SchemaError(
+                f"schema is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})", ""
+            ) from None
+        except RecursionError:
+            raise SchemaError("schema JSON is nested too deeply to parse", "") from None
+    if not isinstance(schema, (dict, bool)):
+        raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}", "")
+    return schema
+
+
+class Document:
+    """Index of every resource (``$id``) and anchor in the document, for ``$ref`` resolution."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        meta = root.get("$schema", "") if isinstance(root, dict) else ""
+        meta = meta if isinstance(meta, str) else ""
+        self.draft4 = "draft-04" in meta or "draft-03" in meta
+        # $ref siblings are ignored up to draft-07.
+        self.ref_overrides = any(f"draft-0{n}" in meta for n in (3, 4, 6, 7))
+        self.resources: dict[str, Sub] = {}
+        self.anchors: dict[tuple[str, str], Sub] = {}
+        base = _own_base(root, DEFAULT_BASE, self.draft4) if isinstance(root, dict) else DEFAULT_BASE
+        self.root_sub = Sub(root, base, "#")
+        self.resources[base] = self.root_sub
+        self.resources.setdefault(DEFAULT_BASE, self.root_sub)
+        self._index()
+
+    def _index(self) -> None:
+        stack = [self.root_sub]
+        while stack:
+            sub = stack.pop()
+            node = sub.schema
+            if not isinstance(node, dict):
+                continue
+            ident = node.get("id" if self.draft4 and "$id" not in node else "$id")
+            if isinstance(ident, str):
+                if ident.startswith("#") and len(ident) > 1:  # draft-04..07 plain-name fragment
+                    self.anchors.setdefault((sub.base, ident[1:]), sub)
+                else:
+                    self.resources.setdefault(sub.base, sub)
+                    frag = urldefrag(urljoin(sub.base, ident))[1]
+                    if frag and not frag.startswith("/"):
+                        self.anchors.setdefault((sub.base, frag), sub)
+            for kw in ("$anchor", "$dynamicAnchor"):
+                if isinstance(node.get(kw), str):
+                    self.anchors.setdefault((sub.base, node[kw]), sub)
+            for kw, value in node.items():
+                if kw in ("enum", "const", "examples", "default"):
+                    continue
+                if kw in SCHEMA_KEYWORDS and isinstance(value, (dict, bool)):
+                    stack.append(self.child(sub, kw))
+                elif kw in LIST_KEYWORDS and isinstance(value, list):
+                    stack.extend(self.child(sub, kw, i) for i in range(len(value)))
+                elif kw in MAP_KEYWORDS and isinstance(value, dict):
+                    stack.extend(self.child(sub, kw, k) for k, v in value.items() if isinstance(v, (dict, bool)))
+
+    def child(self, sub: Sub, *tokens: str | int) -> Sub:
+        """The subschema at ``tokens`` below ``sub``, with its own base URI."""
+        node, pointer = sub.schema, sub.pointer
+        for t in tokens:
+            node = node[t]
+            pointer += "/" + escape_pointer(str(t))
+        base = _own_base(node, sub.base, self.draft4) if isinstance(node, dict) else sub.base
+        return Sub(node, base, pointer)
+
+    def resolve(self, ref: str, sub: Sub) -> Sub:
+        """The subschema ``ref`` (found in ``sub``) points to."""
+        target = urljoin(sub.base, ref)
+        uri, fragment = urldefrag(target)
+        where = sub.pointer + "/$ref"
+        resource = self.resources.get(uri or sub.base)
+        if resource is None:
+            raise SchemaError(
+                f"cannot resolve $ref {ref!r}: {uri!r} is not part of this schema "
+                "(remote references are not fetched; inline it under $defs with a matching $id)",
+                where, "$ref",
+            )
+        fragment = unquote(fragment)
+        if not fragment:
+            return resource
+        if not fragment.startswith("/"):
+            found = self.anchors.get((resource.base, fragment))
+            if found is None:
+                raise SchemaError(f"cannot resolve $ref {ref!r}: no anchor {fragment!r}", where, "$ref")
+            return found
+        out = resource
+        for raw in fragment[1:].split("/"):
+            token = raw.replace("~1", "/").replace("~0", "~")
+            node = out.schema
+            if isinstance(node, dict) and token in node:
+                out = self.child(out, token)
+            elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+                out = self.child(out, int(token))
+            else:
+                raise SchemaError(f"cannot resolve $ref {ref!r}: nothing at {fragment!r}", where, "$ref")
+        if not isinstance(out.schema, (dict, bool)):
+            raise SchemaError(f"$ref {ref!r} points to a {type(out.schema).__name__}, not a schema", where, "$ref")
+        return out

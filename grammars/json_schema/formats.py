@@ -1,0 +1,108 @@
+"""``format`` values as IR over the inside of a JSON string, each a subset of its RFC syntax.
+
+Every format here is ASCII, so it is written as an ECMA regular expression and compiled with the
+JSON character encoder (a ``\\u0041`` spelling of ``A`` is still an ``A``). Each pattern is at
+least as strict as the RFC and as the reference validators: when unsure we admit less, since a
+generated value must always validate. Dates check days per month, leap years included.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from grammars.ir import Node, intersect, repeat
+from grammars.json_schema.json_strings import ANY_JSON_CHAR
+
+__all__ = ["KNOWN_FORMATS", "format_ir"]
+
+_LEAP_YEAR = r"(?:\d\d(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)"
+_DATE = (
+    r"(?:\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
+    r"|02-(?:0[1-9]|1\d|2[0-8]))|" + _LEAP_YEAR + r"-02-29)"
+)
+_OFFSET = r"(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
+_TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d+)?" + _OFFSET
+_DUR_TIME = r"T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S)"
+_DURATION = (
+    r"P(?:(?:\d+Y(?:\d+M(?:\d+D)?)?|\d+M(?:\d+D)?|\d+D)(?:" + _DUR_TIME + r")?|" + _DUR_TIME + r"|\d+W)"
+)
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = _LABEL + r"(?:\." + _LABEL + r")*"
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]\d|\d)"
+_IPV4 = _OCTET + r"(?:\." + _OCTET + r"){3}"
+_H16 = r"[0-9A-Fa-f]{1,4}"
+_LS32 = r"(?:" + _H16 + ":" + _H16 + "|" + _IPV4 + ")"
+_IPV6 = "(?:" + "|".join([
+    r"(?:" + _H16 + r":){6}" + _LS32,
+    r"::(?:" + _H16 + r":){5}" + _LS32,
+    r"(?:" + _H16 + r")?::(?:" + _H16 + r":){4}" + _LS32,
+    r"(?:(?:" + _H16 + r":){0,1}" + _H16 + r")?::(?:" + _H16 + r":){3}" + _LS32,
+    r"(?:(?:" + _H16 + r":){0,2}" + _H16 + r")?::(?:" + _H16 + r":){2}" + _LS32,
+    r"(?:(?:" + _H16 + r":){0,3}" + _H16 + r")?::" + _H16 + ":" + _LS32,
+    r"(?:(?:" + _H16 + r":){0,4}" + _H16 + r")?::" + _LS32,
+    r"(?:(?:" + _H16 + r":){0,5}" + _H16 + r")?::" + _H16,
+    r"(?:(?:" + _H16 + r":){0,6}" + _H16 + r")?::",
+]) + ")"
+_EMAIL_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+_EMAIL = _EMAIL_ATOM + r"(?:\." + _EMAIL_ATOM + r")*@" + _HOSTNAME
+_HEX = r"[0-9A-Fa-f]"
+_UUID = _HEX + "{8}-" + _HEX + "{4}-" + _HEX + "{4}-" + _HEX + "{4}-" + _HEX + "{12}"
+# RFC 3986, without IP-literal hosts (no brackets): a strict subset.
+_PCT = r"%[0-9A-Fa-f]{2}"
+_UNRESERVED_SUB = r"[A-Za-z0-9\-._~!$&'()*+,;=]"
+_PCHAR = r"(?:" + _UNRESERVED_SUB + r"|" + _PCT + r"|[:@])"
+_SEGMENT = _PCHAR + "*"
+_SEGMENT_NZ = _PCHAR + "+"
+_SEGMENT_NZ_NC = r"(?:" + _UNRESERVED_SUB + r"|" + _PCT + r"|@)+"
+_AUTHORITY = (
+    r"(?:(?:" + _UNRESERVED_SUB + r"|" + _PCT + r"|:)*@)?(?:" + _UNRESERVED_SUB + r"|" + _PCT + r")*(?::\d*)?"
+)
+_PATH_ABEMPTY = r"(?:/" + _SEGMENT + r")*"
+_HIER = (
+    r"(?://" + _AUTHORITY + _PATH_ABEMPTY + r"|/(?:" + _SEGMENT_NZ + _PATH_ABEMPTY + r")?|"
+    + _SEGMENT_NZ + _PATH_ABEMPTY + r"|)"
+)
+_RELATIVE = (
+    r"(?://" + _AUTHORITY + _PATH_ABEMPTY + r"|/(?:" + _SEGMENT_NZ + _PATH_ABEMPTY + r")?|"
+    + _SEGMENT_NZ_NC + _PATH_ABEMPTY + r"|)"
+)
+_QUERY_FRAGMENT = r"(?:\?(?:" + _PCHAR + r"|[/?])*)?(?:#(?:" + _PCHAR + r"|[/?])*)?"
+_URI = r"[A-Za-z][A-Za-z0-9+.\-]*:" + _HIER + _QUERY_FRAGMENT
+_URI_REFERENCE = r"(?:" + _URI + r"|" + _RELATIVE + _QUERY_FRAGMENT + r")"
+_JSON_POINTER = r"(?:/(?:[^~/]|~[01])*)*"
+
+_PATTERNS = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": _DATE + "T" + _TIME,
+    "duration": _DURATION,
+    "email": _EMAIL,
+    "idn-email": _EMAIL,
+    "hostname": _HOSTNAME,
+    "idn-hostname": _HOSTNAME,
+    "ipv4": _IPV4,
+    "ipv6": _IPV6,
+    "uuid": _UUID,
+    "uri": _URI,
+    "iri": _URI,
+    "uri-reference": _URI_REFERENCE,
+    "iri-reference": _URI_REFERENCE,
+    "json-pointer": _JSON_POINTER,
+    "relative-json-pointer": r"(?:0|[1-9]\d*)(?:#|" + _JSON_POINTER + ")",
+}
+# Total length limits the RFCs set on top of the syntax.
+_MAX_LENGTH = {"hostname": 253, "idn-hostname": 253}
+
+KNOWN_FORMATS = frozenset(_PATTERNS)
+
+
+@lru_cache(maxsize=None)
+def format_ir(name: str) -> Node:
+    """The inside of a JSON string holding a valid ``name`` (one of ``KNOWN_FORMATS``)."""
+    from grammars.json_schema.json_strings import json_char
+    from grammars.regex import regex_to_ir
+
+    node = regex_to_ir(_PATTERNS[name], dialect="ecma", search=False, encode_class=json_char)
+    if name in _MAX_LENGTH:
+        node = intersect(node, repeat(ANY_JSON_CHAR, 1, _MAX_LENGTH[name]))
+    return node

@@ -1,0 +1,121 @@
+"""JSON values written out as IR: for ``enum``/``const`` and for excluding values under ``not``.
+
+``value_ir`` is the compact spelling (what we generate: object keys in the order given), plus the
+``1.0`` spelling of integral numbers since JSON Schema holds ``1 == 1.0``. ``complete_value_ir``
+admits every spelling the generated grammar could produce for the value (string escapes, numbers
+without exponents, whitespace between tokens), so that its complement is a sound "not this value".
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from grammars.ir import NOTHING, Node, alt, literal, repeat, seq
+from grammars.json_schema.json_strings import json_char, string_literal
+
+__all__ = ["value_ir", "complete_value_ir", "dedupe_values", "json_equal", "Incomplete"]
+
+
+class Incomplete(Exception):
+    """The value has spellings (several key orders) that cannot all be listed."""
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """JSON Schema equality: numbers by value (1 == 1.0), booleans distinct from numbers."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _hashable(v: Any) -> Any:
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return (type(v).__name__, v)
+    if isinstance(v, (int, float)):
+        return ("num", v)  # 1 == 1.0 hash alike
+    if isinstance(v, list):
+        return ("list", tuple(_hashable(x) for x in v))
+    return ("dict", tuple(sorted((k, _hashable(x)) for k, x in v.items())))
+
+
+def dedupe_values(values: list[Any]) -> list[Any]:
+    """``values`` without JSON-equal repeats, first occurrence kept (linear time)."""
+    seen: set[Any] = set()
+    out = []
+    for v in values:
+        h = _hashable(v)
+        if h not in seen:
+            seen.add(h)
+            out.append(v)
+    return out
+
+
+def _number_spellings(v: int | float) -> list[str]:
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e16:
+        v = int(v)
+    if isinstance(v, int):
+        return [str(v), f"{v}.0"]
+    return [json.dumps(v)]
+
+
+def value_ir(v: Any, ws: Node, comma: Node, colon: Node) -> Node:
+    """The spelling of ``v`` we generate (keys in given order), with ``ws``/separators between tokens."""
+    if isinstance(v, bool) or v is None:
+        return literal(json.dumps(v))
+    if isinstance(v, (int, float)):
+        return alt(*[literal(s) for s in _number_spellings(v)])
+    if isinstance(v, str):
+        return string_literal(v)
+    if isinstance(v, list):
+        if not v:
+            return seq(literal("["), ws, literal("]"))
+        items = []
+        for i, x in enumerate(v):
+            items += ([comma] if i else []) + [value_ir(x, ws, comma, colon)]
+        return seq(literal("["), ws, *items, ws, literal("]"))
+    if isinstance(v, dict):
+        if not v:
+            return seq(literal("{"), ws, literal("}"))
+        items = []
+        for i, (k, x) in enumerate(v.items()):
+            items += ([comma] if i else []) + [string_literal(k), colon, value_ir(x, ws, comma, colon)]
+        return seq(literal("{"), ws, *items, ws, literal("}"))
+    raise TypeError(f"not a JSON value: {v!r}")
+
+
+def complete_value_ir(v: Any, ws: Node, comma: Node, colon: Node) -> Node:
+    """Every spelling of ``v`` our grammars can produce; raises ``Incomplete`` for objects with 2+ keys."""
+    if isinstance(v, bool) or v is None:
+        return literal(json.dumps(v))
+    if isinstance(v, (int, float)):
+        from grammars.json_schema.numbers import Bound, number_ir, to_decimal
+
+        d = to_decimal(v)
+        exact = number_ir(Bound(d), Bound(d))
+        return exact if exact != NOTHING else NOTHING
+    if isinstance(v, str):
+        return seq(literal('"'), *[json_char([(ord(c), ord(c))]) for c in v], literal('"'))
+    if isinstance(v, list):
+        items = []
+        for i, x in enumerate(v):
+            items += ([comma] if i else []) + [complete_value_ir(x, ws, comma, colon)]
+        return seq(literal("["), ws, *items, ws, literal("]"))
+    if isinstance(v, dict):
+        if len(v) > 1:
+            raise Incomplete()
+        items = []
+        for k, x in v.items():
+            items += [complete_value_ir(k, ws, comma, colon), colon, complete_value_ir(x, ws, comma, colon)]
+        return seq(literal("{"), ws, *items, ws, literal("}"))
+    raise TypeError(f"not a JSON value: {v!r}")
+
+
+def repeat_ws(chars: Node, max_run: int) -> Node:
+    """A bounded whitespace run."""
+    return repeat(chars, 0, max_run)

@@ -1,0 +1,551 @@
+"""Schemas -> disjunctions of ``Shape``s: ``$ref``, ``allOf``, ``anyOf``, ``oneOf``, ``not``, ``if``.
+
+``anyOf`` distributes over its siblings (``{A, anyOf: [B, C]}`` = ``anyOf: [A&B, A&C]``), which is
+what lets ``allOf`` merge objects structurally. ``not`` is pushed inside by De Morgan where each
+keyword has an expressible opposite (``minimum`` <-> ``exclusiveMaximum``, ``required: [a]`` <->
+``a`` absent...). ``oneOf`` becomes a union when its branches are provably disjoint (types,
+constants, a discriminating property), otherwise each branch is conjoined with the negation of
+the branches it overlaps. Anything left over is reported, never guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from decimal import Decimal
+from typing import Any, Callable
+
+from grammars.errors import SchemaError
+from grammars.json_schema.document import Document, Sub
+from grammars.json_schema.numbers import Bound, to_decimal
+from grammars.json_schema.shapes import ALL_TYPES, ArrayPart, Contains, ObjectPart, Shape, meet_types
+from grammars.json_schema.literals import dedupe_values, json_equal
+
+__all__ = ["Normalizer", "CannotNegate"]
+
+MAX_ALTERNATIVES = 512
+MAX_DEPTH = 96
+JSON_TYPES = {"null", "boolean", "object", "array", "string", "number", "integer"}
+UNSUPPORTED = ("$recursiveRef",)
+
+
+class CannotNegate(Exception):
+    """``not`` of this shape has no structural form."""
+
+
+def _num(sub: Sub, kw: str) -> Decimal:
+    v = sub.schema[kw]
+    try:
+        return to_decimal(v)
+    except TypeError:
+        raise SchemaError(f"'{kw}' must be a number, got {v!r}", sub.pointer + "/" + kw, kw) from None
+
+
+def _count(sub: Sub, kw: str) -> int:
+    v = sub.schema[kw]
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise SchemaError(f"'{kw}' must be a non-negative integer, got {v!r}", sub.pointer + "/" + kw, kw)
+    return v
+
+
+class Normalizer:
+    """Flattens subschemas of one document into shapes (memoized per subschema)."""
+
+    def __init__(self, doc: Document, *, oneof_as_anyof: bool, lenient: bool, note: Callable[[str], None],
+                 valid: Callable[[Any, Sub], bool | None]) -> None:
+        self.doc = doc
+        self.oneof_as_anyof = oneof_as_anyof
+        self.lenient = lenient
+        self.note = note
+        self.valid = valid
+        self._memo: dict[tuple[int, str], list[Shape]] = {}
+        self._active: set[tuple[int, str]] = set()
+        self._depth = 0
+
+    # ------------------------------------------------------------------ flattening
+
+    def flatten(self, sub: Sub) -> list[Shape]:
+        """The disjunction of shapes equivalent to ``sub``."""
+        key = sub.key()
+        got = self._memo.get(key)
+        if got is not None:
+            return got
+        if key in self._active:
+            raise SchemaError(
+                "infinite recursion: this schema refers back to itself without descending into a value",
+                sub.pointer, "$ref")
+        if self._depth >= MAX_DEPTH:
+            raise SchemaError(f"allOf/anyOf/oneOf/$ref chains nested deeper than {MAX_DEPTH} levels", sub.pointer)
+        self._active.add(key)
+        self._depth += 1
+        try:
+            out = self._flatten(sub)
+        finally:
+            self._active.discard(key)
+            self._depth -= 1
+        self._memo[key] = out
+        return out
+
+    def _flatten(self, sub: Sub) -> list[Shape]:
+        s = sub.schema
+        if s is True:
+            return [Shape(pointer=sub.pointer)]
+        if s is False:
+            return []
+        if not isinstance(s, dict):
+            raise SchemaError(f"a schema must be an object or a boolean, not {type(s).__name__}", sub.pointer)
+        doc = self.doc
+        for kw in UNSUPPORTED:
+            if kw in s:
+                raise SchemaError(f"'{kw}' is not supported", sub.pointer + "/" + kw, kw)
+        if "$ref" in s and isinstance(s["$ref"], str):
+            target = doc.resolve(s["$ref"], sub)
+            if doc.ref_overrides:
+                return self.flatten(target)
+        alternatives: list[Shape] = [self.local_shape(sub)]
+        if alternatives[0].empty:
+            return []
+
+        def conjoin(options: list[Shape]) -> None:
+            nonlocal alternatives
+            alternatives = self._product(alternatives, options, sub)
+
+        if "$ref" in s:
+            if not isinstance(s["$ref"], str):
+                raise SchemaError("'$ref' must be a string", sub.pointer + "/$ref", "$ref")
+            conjoin(self.flatten(target))
+        if "$dynamicRef" in s:
+            conjoin(self.flatten(self._dynamic_target(sub)))
+        for kw in ("allOf", "anyOf", "oneOf"):
+            if kw in s:
+                if not isinstance(s[kw], list) or not s[kw]:
+                    raise SchemaError(f"'{kw}' must be a non-empty array of schemas", sub.pointer + "/" + kw, kw)
+                branches = [doc.child(sub, kw, i) for i in range(len(s[kw]))]
+                if kw == "allOf":
+                    for b in branches:
+                        conjoin(self.flatten(b))
+                elif kw == "anyOf":
+                    conjoin([x for b in branches for x in self.flatten(b)])
+                else:
+                    conjoin(self.one_of(branches, sub))
+        if "not" in s:
+            conjoin(self.negate(doc.child(sub, "not")))
+        if "if" in s:
+            cond = doc.child(sub, "if")
+            then = self.flatten(doc.child(sub, "then")) if "then" in s else [Shape(pointer=sub.pointer)]
+            other = self.flatten(doc.child(sub, "else")) if "else" in s else [Shape(pointer=sub.pointer)]
+            yes = self._product(self.flatten(cond), then, sub)
+            no = self._product(self.negate(cond), other, sub)
+            conjoin(yes + no)
+        for kw in ("dependentRequired", "dependentSchemas", "dependencies"):
+            deps = s.get(kw)
+            if deps is None:
+                continue
+            if not isinstance(deps, dict):
+                raise SchemaError(f"'{kw}' must be an object", sub.pointer + "/" + kw, kw)
+            for name, dep in deps.items():
+                false = Sub(False, sub.base, sub.pointer + "/" + kw)
+                absent = Shape(pointer=sub.pointer, objects=(ObjectPart(properties=((name, false),)),))
+                if isinstance(dep, list):
+                    if not all(isinstance(x, str) for x in dep):
+                        raise SchemaError(f"'{kw}/{name}' must list property names", sub.pointer + "/" + kw, kw)
+                    then = [Shape(pointer=sub.pointer, objects=(ObjectPart(required=(name, *dep)),))]
+                else:
+                    present = Shape(pointer=sub.pointer, objects=(ObjectPart(required=(name,)),))
+                    then = self._product([present], self.flatten(doc.child(sub, kw, name)), sub)
+                conjoin([absent] + then)
+        return alternatives
+
+    def _dynamic_target(self, sub: Sub) -> Sub:
+        ref = sub.schema["$dynamicRef"]
+        name = ref.split("#", 1)[-1]
+        found = [t for (_, a), t in self.doc.anchors.items() if a == name and isinstance(t.schema, dict)
+                 and t.schema.get("$dynamicAnchor") == name]
+        if len(found) > 1:
+            raise SchemaError(f"'$dynamicRef' {ref!r} with several dynamic anchors is not supported",
+                              sub.pointer + "/$dynamicRef", "$dynamicRef")
+        return found[0] if found else self.doc.resolve(ref, sub)
+
+    def _product(self, left: list[Shape], right: list[Shape], sub: Sub) -> list[Shape]:
+        out: list[Shape] = []
+        reasons = []
+        for a in left:
+            for b in right:
+                m = a.merge(b)
+                if m.empty:
+                    reasons.append(m.unsat)
+                else:
+                    out.append(m)
+        if len(out) > MAX_ALTERNATIVES:
+            raise SchemaError(
+                f"combining anyOf/oneOf/allOf here yields more than {MAX_ALTERNATIVES} alternatives", sub.pointer)
+        if not out and reasons:
+            self.last_unsat = (reasons[0], sub.pointer)
+        return out
+
+    # ------------------------------------------------------------------ local keywords
+
+    def local_shape(self, sub: Sub) -> Shape:
+        """The assertions of ``sub`` itself, applicators excluded."""
+        s: dict = sub.schema
+        p = sub.pointer
+        doc = self.doc
+        kw: dict[str, Any] = {"pointer": p, "raws": (sub,)}
+        if "type" in s:
+            t = s["type"]
+            names = [t] if isinstance(t, str) else t
+            if not isinstance(names, list) or not all(isinstance(x, str) and x in JSON_TYPES for x in names):
+                raise SchemaError(f"'type' must be a JSON type name or a list of them, got {t!r}", p + "/type", "type")
+            types = frozenset(names)
+            if "number" in types:
+                types -= {"integer"}
+            kw["types"] = types
+            if not types:
+                return Shape(types=frozenset(), unsat="'type' is an empty list", pointer=p)
+        if "enum" in s:
+            if not isinstance(s["enum"], list):
+                raise SchemaError("'enum' must be an array", p + "/enum", "enum")
+            kw["enums"] = (tuple(dedupe_values(s["enum"])),)
+        if "const" in s:
+            kw["enums"] = kw.get("enums", ()) + ((s["const"],),)
+        # numbers
+        lo = hi = None
+        if "minimum" in s:
+            lo = Bound(_num(sub, "minimum"), not (s.get("exclusiveMinimum") is True))
+        if "maximum" in s:
+            hi = Bound(_num(sub, "maximum"), not (s.get("exclusiveMaximum") is True))
+        from grammars.json_schema.shapes import tighter_hi, tighter_lo
+        if "exclusiveMinimum" in s and not isinstance(s["exclusiveMinimum"], bool):
+            lo = tighter_lo(lo, Bound(_num(sub, "exclusiveMinimum"), False))
+        if "exclusiveMaximum" in s and not isinstance(s["exclusiveMaximum"], bool):
+            hi = tighter_hi(hi, Bound(_num(sub, "exclusiveMaximum"), False))
+        kw["lo"], kw["hi"] = lo, hi
+        if "multipleOf" in s:
+            m = _num(sub, "multipleOf")
+            if m <= 0:
+                raise SchemaError("'multipleOf' must be greater than 0", p + "/multipleOf", "multipleOf")
+            kw["multiples"] = (m,)
+        # strings
+        if "minLength" in s:
+            kw["min_length"] = _count(sub, "minLength")
+        if "maxLength" in s:
+            kw["max_length"] = _count(sub, "maxLength")
+        if "pattern" in s:
+            if not isinstance(s["pattern"], str):
+                raise SchemaError("'pattern' must be a string", p + "/pattern", "pattern")
+            kw["patterns"] = ((s["pattern"], p + "/pattern"),)
+        if "format" in s and isinstance(s["format"], str):
+            kw["formats"] = ((s["format"], p + "/format"),)
+        # objects
+        obj = self._object_part(sub)
+        if not obj.trivial():
+            kw["objects"] = (obj,)
+        if "minProperties" in s:
+            kw["min_props"] = _count(sub, "minProperties")
+        if "maxProperties" in s:
+            kw["max_props"] = _count(sub, "maxProperties")
+        # arrays
+        arr = self._array_part(sub)
+        if arr is not None:
+            kw["arrays"] = (arr,)
+        if "minItems" in s:
+            kw["min_items"] = _count(sub, "minItems")
+        if "maxItems" in s:
+            kw["max_items"] = _count(sub, "maxItems")
+        if "contains" in s:
+            lo_c = _count(sub, "minContains") if "minContains" in s else 1
+            hi_c = _count(sub, "maxContains") if "maxContains" in s else None
+            kw["contains"] = (Contains(doc.child(sub, "contains"), lo_c, hi_c),)
+        if s.get("uniqueItems") is True:
+            kw["unique"] = (p + "/uniqueItems",)
+        for k in ("unevaluatedProperties", "unevaluatedItems"):
+            if k in s and s[k] is not True and s[k] != {}:
+                self._unevaluated(sub, k, kw)
+        return Shape(**kw).check()
+
+    def _unevaluated(self, sub: Sub, k: str, kw: dict) -> None:
+        """``unevaluated*`` equals ``additional*``/``items`` when no applicator sits beside it."""
+        s = sub.schema
+        applicators = {"allOf", "anyOf", "oneOf", "$ref", "$dynamicRef", "if", "not", "dependentSchemas", "dependencies"}
+        if applicators & s.keys():
+            raise SchemaError(f"'{k}' next to applicators ({', '.join(sorted(applicators & s.keys()))}) is not supported",
+                              sub.pointer + "/" + k, k)
+        if k == "unevaluatedProperties" and "additionalProperties" not in s:
+            obj = kw.get("objects", (ObjectPart(),))[0]
+            kw["objects"] = (replace(obj, additional=self.doc.child(sub, k)),)
+        elif k == "unevaluatedItems" and not ("items" in s and not isinstance(s["items"], list)):
+            arr = kw.get("arrays", (ArrayPart(),))[0]
+            if isinstance(s.get("items"), list) and "additionalItems" in s:
+                return
+            kw["arrays"] = (replace(arr, items=self.doc.child(sub, k)),)
+
+    def _object_part(self, sub: Sub) -> ObjectPart:
+        s, p, doc = sub.schema, sub.pointer, self.doc
+        props: tuple = ()
+        if "properties" in s:
+            if not isinstance(s["properties"], dict):
+                raise SchemaError("'properties' must be an object", p + "/properties", "properties")
+            props = tuple((k, doc.child(sub, "properties", k)) for k in s["properties"])
+        required: tuple = ()
+        if "required" in s:
+            r = s["required"]
+            if isinstance(r, bool):  # draft-03 style: ignore
+                r = []
+            if not isinstance(r, list) or not all(isinstance(x, str) for x in r):
+                raise SchemaError("'required' must be an array of property names", p + "/required", "required")
+            required = tuple(dict.fromkeys(r))
+        additional = doc.child(sub, "additionalProperties") if "additionalProperties" in s else None
+        if additional is not None and additional.schema is True:
+            additional = None
+        patterns: tuple = ()
+        if "patternProperties" in s:
+            if not isinstance(s["patternProperties"], dict):
+                raise SchemaError("'patternProperties' must be an object", p + "/patternProperties", "patternProperties")
+            patterns = tuple((k, doc.child(sub, "patternProperties", k)) for k in s["patternProperties"])
+        names = doc.child(sub, "propertyNames") if "propertyNames" in s and s["propertyNames"] is not True else None
+        return ObjectPart(props, required, additional, patterns, names)
+
+    def _array_part(self, sub: Sub) -> ArrayPart | None:
+        s, doc = sub.schema, self.doc
+        prefix: tuple = ()
+        items = None
+        if "prefixItems" in s:
+            if not isinstance(s["prefixItems"], list):
+                raise SchemaError("'prefixItems' must be an array", sub.pointer + "/prefixItems", "prefixItems")
+            prefix = tuple(doc.child(sub, "prefixItems", i) for i in range(len(s["prefixItems"])))
+            if "items" in s:
+                items = doc.child(sub, "items")
+        elif isinstance(s.get("items"), list):
+            prefix = tuple(doc.child(sub, "items", i) for i in range(len(s["items"])))
+            if "additionalItems" in s:
+                items = doc.child(sub, "additionalItems")
+        elif "items" in s:
+            items = doc.child(sub, "items")
+        if items is not None and items.schema is True:
+            items = None
+        if not prefix and items is None:
+            return None
+        return ArrayPart(prefix, items)
+
+    # ------------------------------------------------------------------ negation
+
+    def negate(self, sub: Sub) -> list[Shape]:
+        """Shapes equivalent to ``not sub``; keeps ``sub`` as an opaque negation when impossible."""
+        p = sub.pointer
+        shapes = self.flatten(sub)
+        out = [Shape(pointer=p, neg_raws=(sub,))]
+        try:
+            for shape in shapes:
+                out = self._product(out, self._negate_shape(shape), sub)
+            return out
+        except CannotNegate:
+            return [Shape(pointer=p, nots=(sub,), neg_raws=(sub,))]
+
+    def _negate_shape(self, s: Shape) -> list[Shape]:
+        p = s.pointer
+        if s.excluded:
+            raise CannotNegate()
+        if s.nots:
+            if len(s.nots) == 1 and s == Shape(pointer=s.pointer, nots=s.nots, neg_raws=s.neg_raws):
+                return self.flatten(s.nots[0])
+            raise CannotNegate()
+        out: list[Shape] = []
+        if s.types != ALL_TYPES:
+            rest = ALL_TYPES - s.types
+            if "integer" in s.types:
+                raise CannotNegate()  # "a number that is not an integer" has no shape
+            if rest:
+                out.append(Shape(pointer=p, types=frozenset(rest)))
+
+        def violation(types: set[str], **kw: Any) -> None:
+            t = meet_types(s.types, frozenset(types))
+            if t:
+                out.append(Shape(pointer=p, types=t, **kw).check())
+
+        for values in s.enums:
+            out.append(Shape(pointer=p, types=s.types, excluded=tuple(values)))
+        if s.lo is not None:
+            violation({"number"}, hi=Bound(s.lo.value, not s.lo.inclusive))
+        if s.hi is not None:
+            violation({"number"}, lo=Bound(s.hi.value, not s.hi.inclusive))
+        if s.multiples:
+            raise CannotNegate()
+        if s.min_length:
+            violation({"string"}, max_length=s.min_length - 1)
+        if s.max_length is not None:
+            violation({"string"}, min_length=s.max_length + 1)
+        for pat in s.patterns:
+            violation({"string"}, anti_patterns=(pat,))
+        if s.anti_patterns and len(s.anti_patterns) == 1:
+            violation({"string"}, patterns=s.anti_patterns)
+        elif s.anti_patterns or s.formats:
+            raise CannotNegate()
+        if s.min_props:
+            violation({"object"}, max_props=s.min_props - 1)
+        if s.max_props is not None:
+            violation({"object"}, min_props=s.max_props + 1)
+        for part in s.objects:
+            for name in part.required:
+                false = Sub(False, "", p)
+                violation({"object"}, objects=(ObjectPart(properties=((name, false),)),))
+            for name, value in part.properties:
+                if value.schema is True or value.schema == {}:
+                    continue
+                neg = Sub({"not": value.schema}, value.base, value.pointer)
+                violation({"object"}, objects=(ObjectPart(properties=((name, neg),), required=(name,)),))
+            if part.additional is not None or part.patterns or part.names is not None:
+                raise CannotNegate()
+        if s.min_items:
+            violation({"array"}, max_items=s.min_items - 1)
+        if s.max_items is not None:
+            violation({"array"}, min_items=s.max_items + 1)
+        for c in s.contains:
+            if c.min != 1 or c.max is not None:
+                raise CannotNegate()
+            neg = Sub({"not": c.sub.schema}, c.sub.base, c.sub.pointer)
+            violation({"array"}, arrays=(ArrayPart(items=neg),))
+        if s.arrays or s.unique:
+            raise CannotNegate()
+        return [x for x in out if not x.empty]
+
+    # ------------------------------------------------------------------ oneOf
+
+    def one_of(self, branches: list[Sub], sub: Sub) -> list[Shape]:
+        flat = [self.flatten(b) for b in branches]
+        out: list[Shape] = []
+        for i, shapes in enumerate(flat):
+            mine = shapes
+            for j, others in enumerate(flat):
+                if i == j or not mine:
+                    continue
+                if all(self.disjoint(a, b) for a in mine for b in others):
+                    continue
+                neg = self.negate(branches[j])
+                if any(x.nots for x in neg) and not any(x.enums for x in mine):
+                    if self.oneof_as_anyof or self.lenient:
+                        self.note(f"relaxed oneOf to anyOf at {sub.pointer}/oneOf")
+                        return [x for f in flat for x in f]
+                    raise SchemaError(
+                        f"cannot enforce 'oneOf': branches {i} and {j} may both match and branch {j} "
+                        "cannot be negated; pass oneof_as_anyof=True to accept any matching branch",
+                        sub.pointer + "/oneOf", "oneOf")
+                mine = self._product(mine, neg, sub)
+            out += mine
+        return out
+
+    def disjoint(self, a: Shape, b: Shape, depth: int = 0) -> bool:
+        """Sufficient test that no value satisfies both shapes."""
+        common = meet_types(a.types, b.types)
+        if not common:
+            return True
+        for x, y in ((a, b), (b, a)):
+            if x.enums:
+                values = self.values(x)
+                if values is not None and not any(self.valid_shape(v, y) is not False for v in values):
+                    return True
+        return all(self._disjoint_type(t, a, b, depth) for t in common)
+
+    def _disjoint_type(self, t: str, a: Shape, b: Shape, depth: int) -> bool:
+        if t in ("number", "integer"):
+            for x, y in ((a, b), (b, a)):
+                if x.hi is not None and y.lo is not None and (
+                    x.hi.value < y.lo.value or (x.hi.value == y.lo.value and not (x.hi.inclusive and y.lo.inclusive))):
+                    return True
+            return False
+        if t == "string":
+            return (a.max_length is not None and a.max_length < b.min_length) or (
+                b.max_length is not None and b.max_length < a.min_length)
+        if t == "array":
+            return (a.max_items is not None and a.max_items < b.min_items) or (
+                b.max_items is not None and b.max_items < a.min_items)
+        if t == "object" and depth < 3:
+            for x, y in ((a, b), (b, a)):
+                for name in {n for part in x.objects for n in part.required}:
+                    xs, ys = self.property_subs(x, name), self.property_subs(y, name)
+                    if ys is None:
+                        return True  # forbidden in y
+                    if any(n == name for part in y.objects for n in part.required) and xs and ys:
+                        xf = self._flat_all(xs)
+                        yf = self._flat_all(ys)
+                        if all(self.disjoint(m, n, depth + 1) for m in xf for n in yf):
+                            return True
+        return False
+
+    def _flat_all(self, subs: list[Sub]) -> list[Shape]:
+        out = [Shape()]
+        for s in subs:
+            out = [a.merge(b) for a in out for b in self.flatten(s)]
+            out = [x for x in out if not x.empty]
+        return out
+
+    def property_subs(self, s: Shape, name: str) -> list[Sub] | None:
+        """Schemas a property ``name`` must satisfy in ``s`` (None: the property is forbidden)."""
+        out: list[Sub] = []
+        for part in s.objects:
+            declared = dict(part.properties)
+            if name in declared:
+                out.append(declared[name])
+            else:
+                matched = [sub for pat, sub in part.patterns if _pattern_search(pat, name)]
+                if matched:
+                    out += matched
+                elif part.additional is not None:
+                    out.append(part.additional)
+        if any(x.schema is False for x in out):
+            return None
+        return out
+
+    # ------------------------------------------------------------------ values
+
+    def values(self, s: Shape) -> list[Any] | None:
+        """The allowed values when ``s`` lists them (``enum``/``const``), checked against everything."""
+        if not s.enums:
+            return None
+        candidates = list(s.enums[0])
+        for other in s.enums[1:]:
+            candidates = [v for v in candidates if any(json_equal(v, w) for w in other)]
+        return [v for v in candidates if self.valid_shape(v, s) is True]
+
+    def valid_shape(self, v: Any, s: Shape) -> bool | None:
+        """Whether ``v`` satisfies the conjuncts behind ``s`` (None: cannot tell)."""
+        if not _type_ok(v, s.types):
+            return False
+        if any(json_equal(v, x) for x in s.excluded):
+            return False
+        result: bool | None = True
+        for raw in s.raws:
+            ok = self.valid(v, raw)
+            if ok is False:
+                return False
+            if ok is None:
+                result = None
+        for raw in s.neg_raws:
+            ok = self.valid(v, raw)
+            if ok is True:
+                return False
+            if ok is None:
+                result = None
+        return result
+
+
+def _type_ok(v: Any, types: frozenset[str]) -> bool:
+    if v is None:
+        return "null" in types
+    if isinstance(v, bool):
+        return "boolean" in types
+    if isinstance(v, (int, float)):
+        if "number" in types:
+            return True
+        return "integer" in types and (isinstance(v, int) or float(v).is_integer())
+    if isinstance(v, str):
+        return "string" in types
+    if isinstance(v, list):
+        return "array" in types
+    return "object" in types
+
+
+def _pattern_search(pattern: str, text: str) -> bool:
+    from grammars.json_schema.keys import pattern_search
+
+    return pattern_search(pattern, text)

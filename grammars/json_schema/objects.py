@@ -1,0 +1,160 @@
+"""JSON objects: declared properties in declaration order, then the additional ones.
+
+Optional members make the comma placement depend on whether anything came before, and
+``minProperties``/``maxProperties`` on how many came before; both are the state of a small
+automaton over the declared properties (state = members written so far, capped), emitted as
+rules. Keys beyond the declared ones are split by which ``patternProperties`` they match, and
+can never spell a declared key (canonical spelling + complement), so no key repeats.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import TYPE_CHECKING
+
+from grammars.errors import SchemaError
+from grammars.ir import EMPTY, NOTHING, Node, alt, complement, intersect, literal, optional, ref, repeat, seq
+from grammars.json_schema.document import Sub
+from grammars.json_schema.json_strings import ANY_CANONICAL_CHAR, string_literal
+from grammars.json_schema.shapes import Shape
+
+if TYPE_CHECKING:
+    from grammars.json_schema.translate import Translator
+
+__all__ = ["object_ir"]
+
+MAX_PATTERN_CLASSES = 4
+MAX_COUNT_STATES = 20_000
+INLINE_MEMBERS = 24
+
+
+def object_ir(t: "Translator", sh: Shape) -> Node:
+    """The IR of objects satisfying the object keywords of ``sh``."""
+    order: dict[str, None] = {}
+    required: set[str] = set()
+    for part in sh.objects:
+        for k, _ in part.properties:
+            order.setdefault(k)
+    for part in sh.objects:
+        required.update(part.required)
+        for k in part.required:
+            order.setdefault(k)
+    members: list[tuple[Node, bool]] = []
+    for k in order:
+        subs = t.norm.property_subs(sh, k)
+        if subs is not None and not all(t.norm.valid(k, part.names) is True for part in sh.objects if part.names):
+            subs = None
+        if subs is None:
+            if k in required:
+                t.unsat(f"required property {k!r} is not allowed (its schema, additionalProperties or "
+                        "propertyNames forbids it)", sh.pointer)
+                return NOTHING
+            continue
+        value = t.value_rule(subs, sh.pointer + "/properties/" + k)
+        if value == NOTHING:
+            if k in required:
+                return NOTHING
+            continue
+        members.append((seq(string_literal(k), t.colon, value), k in required))
+    extra = _additional_member(t, sh, list(order))
+    body = _members(t, members, extra, sh.min_props, sh.max_props, sh.pointer)
+    return seq(literal("{"), t.ws, body, t.ws, literal("}"))
+
+
+def _additional_member(t: "Translator", sh: Shape, declared: list[str]) -> Node:
+    """One ``key: value`` member whose key is not declared, or NOTHING when none may appear."""
+    patterns = [(pat, sub, i) for i, part in enumerate(sh.objects) for pat, sub in part.patterns]
+    if not patterns and any(p.additional is not None and p.additional.schema is False for p in sh.objects):
+        return NOTHING
+    if t.options.strict_properties and not patterns and all(p.additional is None for p in sh.objects):
+        return NOTHING
+    if len(patterns) > MAX_PATTERN_CLASSES:
+        # Only keys matching no pattern need the subset split; disjointness is not checked.
+        raise SchemaError(
+            f"more than {MAX_PATTERN_CLASSES} patternProperties apply to one object; "
+            "keys matching several of them cannot be told apart", sh.pointer, "patternProperties")
+    not_declared = complement(alt(*[t.key_body_literal(k) for k in declared])) if declared else None
+    names = [t.property_names_ir(p.names) for p in sh.objects if p.names is not None]
+    out: list[Node] = []
+    for size in range(len(patterns) + 1):
+        for chosen in combinations(range(len(patterns)), size):
+            subs: list[Sub] = []
+            ok = True
+            for i, part in enumerate(sh.objects):
+                mine = [patterns[j][1] for j in chosen if patterns[j][2] == i]
+                if mine:
+                    subs += mine
+                elif part.additional is not None:
+                    subs.append(part.additional)
+            if any(s.schema is False for s in subs):
+                continue
+            key_parts = [repeat(ANY_CANONICAL_CHAR)]
+            for j, (pat, _, i) in enumerate(patterns):
+                where = f"{sh.pointer}/patternProperties"
+                node = t.pattern_ir(pat, where, canonical=True)
+                key_parts.append(node if j in chosen else complement(node))
+            if not_declared is not None:
+                key_parts.append(not_declared)
+            key_parts += names
+            value = t.value_rule(subs, sh.pointer + "/additionalProperties")
+            if value == NOTHING or not ok:
+                continue
+            key = seq(literal('"'), intersect(*key_parts), literal('"'))
+            out.append(seq(key, t.colon, value))
+    return alt(*out)
+
+
+def _members(t: "Translator", members: list[tuple[Node, bool]], extra: Node,
+             lo: int, hi: int | None, pointer: str) -> Node:
+    """Members in order with commas, optional ones skippable, total count in [lo, hi]."""
+    n = len(members)
+    counting = lo > 0 or hi is not None
+    cap = max(1, hi + 1 if hi is not None else lo) if counting else 1
+    if counting and n * cap > MAX_COUNT_STATES:
+        raise SchemaError("minProperties/maxProperties with this many optional properties is too large to enforce",
+                          pointer, "maxProperties")
+    use_rules = counting or n > INLINE_MEMBERS
+    prefix = t.fresh_name(pointer + "#members")
+    memo: dict[tuple[int, int], Node] = {}
+
+    def tail(c: int) -> Node:
+        """Additional members when ``c`` members came before."""
+        need = max(lo - c, 0) if counting else 0
+        room = None if hi is None else hi - c
+        if room is not None and room < need:
+            return NOTHING
+        if extra == NOTHING:
+            return EMPTY if need == 0 else NOTHING
+        more = seq(t.comma, extra)
+        if c > 0:
+            return repeat(more, need, room)
+        if room == 0:
+            return EMPTY if need == 0 else NOTHING
+        first = seq(extra, repeat(more, max(need - 1, 0), None if room is None else room - 1))
+        return first if need > 0 else optional(first)
+
+    # Bottom-up over j so recursion depth stays constant.
+    for j in range(n, -1, -1):
+        for c in range(min(j, cap), -1, -1):
+            if j == n:
+                memo[(j, c)] = tail(c)
+                continue
+            node, req = members[j]
+            take: Node = NOTHING
+            if hi is None or c + 1 <= hi:
+                sep = t.comma if c > 0 else EMPTY
+                take = seq(sep, node, _link(t, prefix, j + 1, min(c + 1, cap), memo, use_rules))
+            skip = NOTHING if req else _link(t, prefix, j + 1, c, memo, use_rules)
+            memo[(j, c)] = alt(take, skip)
+    return memo[(0, 0)]
+
+
+def _link(t: "Translator", prefix: str, j: int, c: int, memo: dict, use_rules: bool) -> Node:
+    """A reference to state (j, c): inline for small objects, a rule otherwise."""
+    node = memo[(j, c)]
+    if not use_rules or node in (NOTHING, EMPTY):
+        return node
+    name = f"{prefix}@{j},{c}"
+    if name not in t.rules:
+        t.rules[name] = node
+    return ref(name)

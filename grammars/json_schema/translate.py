@@ -1,0 +1,357 @@
+"""Shapes -> grammar IR, one rule per value position.
+
+Every subschema that describes a value (the document, a property, an item) becomes a rule, built
+from a work queue rather than by recursion: 200-deep schemas and ``$ref`` cycles cost no Python
+stack, and recursion in the schema becomes ``Ref`` cycles in the grammar (never left-recursive:
+a ``[``, ``{`` or key is always consumed before a nested value).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from grammars.errors import RegexError, SchemaError
+from grammars.ir import (
+    EMPTY, NOTHING, Alt, And, Bytes, Grammar, Node, Not, Ref, Repeat, Seq, alt, byte_set, complement,
+    intersect, literal, optional, ref, repeat, seq,
+)
+from grammars.json_schema.document import Document, Sub
+from grammars.json_schema.formats import KNOWN_FORMATS, format_ir
+from grammars.json_schema.json_strings import ANY_CANONICAL_CHAR, ANY_JSON_CHAR, canonical_char, json_char
+from grammars.json_schema.literals import Incomplete, complete_value_ir, value_ir
+from grammars.json_schema.normalize import Normalizer
+from grammars.json_schema.numbers import (
+    ANY_NUMBER, DIGIT, FRACTION, MINUS, NATURAL, multiple_of_rules, number_ir,
+)
+from grammars.json_schema.shapes import Shape
+
+__all__ = ["Options", "Translator"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What ``json_schema_to_grammar`` was asked for (see its docstring)."""
+
+    whitespace: Literal["compact", "flexible"] = "compact"
+    max_whitespace: int = 4
+    indent: int | None = None
+    strict_properties: bool = False
+    lenient: bool = False
+    max_recursion_depth: int | None = None
+    format_mode: Literal["enforce", "annotation"] = "enforce"
+    unknown_format: Literal["error", "ignore"] = "error"
+    oneof_as_anyof: bool = False
+
+
+_WS_BYTES = byte_set(b" \t\n\r")
+_EXPONENT_FREE = seq(optional(MINUS), NATURAL, optional(FRACTION))
+
+
+class Translator:
+    """Builds the rules of one grammar from one schema document."""
+
+    def __init__(self, root: Any, options: Options) -> None:
+        self.options = options
+        self.doc = Document(root)
+        self.rules: dict[str, Node] = {}
+        self.notes: list[str] = []
+        self._unsat: dict[str, str] = {}
+        self._names: dict[tuple, str] = {}
+        self._taken: set[str] = {"start", "any"}
+        self._queue: deque[tuple[str, list[Sub], str]] = deque()
+        self._validators: dict[str, Any] = {}
+        self.norm = Normalizer(self.doc, oneof_as_anyof=options.oneof_as_anyof, lenient=options.lenient,
+                               note=self.note, valid=self.valid)
+        if options.whitespace == "flexible":
+            self.ws: Node = repeat(_WS_BYTES, 0, max(options.max_whitespace, 0))
+        elif options.whitespace == "compact":
+            self.ws = EMPTY
+        else:
+            raise SchemaError(f"whitespace must be 'compact' or 'flexible', not {options.whitespace!r}", "")
+        self.comma = seq(self.ws, literal(","), self.ws)
+        self.colon = seq(self.ws, literal(":"), self.ws)
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def unsat(self, reason: str, pointer: str) -> None:
+        self._unsat.setdefault(pointer, reason)
+
+    def fresh_name(self, base: str) -> str:
+        """An unused rule name starting with ``base``."""
+        name, i = base, 1
+        while name in self._taken:
+            i += 1
+            name = f"{base}~{i}"
+        self._taken.add(name)
+        return name
+
+    def value_rule(self, subs: list[Sub], pointer: str) -> Node:
+        """A reference to the rule for values satisfying every schema in ``subs``."""
+        if any(s.schema is False for s in subs):
+            return NOTHING
+        subs = [s for s in subs if s.schema is not True and s.schema != {}]
+        if not subs:
+            return self.any_value()
+        key = tuple(s.key() for s in subs)
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = self.fresh_name("&".join(s.pointer for s in subs))
+            self._queue.append((name, subs, subs[0].pointer))
+        return ref(name)
+
+    def shapes_of(self, subs: list[Sub]) -> list[Shape]:
+        shapes = [Shape(pointer=subs[0].pointer if subs else "#")]
+        for s in subs:
+            shapes = [m for a in shapes for b in self.norm.flatten(s) if not (m := a.merge(b)).empty]
+        return shapes
+
+    def run(self) -> Grammar:
+        start = self.value_rule([self.doc.root_sub], "#")
+        while self._queue:
+            name, subs, pointer = self._queue.popleft()
+            shapes = self.shapes_of(subs)
+            if not shapes:
+                self.unsat(getattr(self.norm, "last_unsat", ("no value satisfies every subschema", pointer))[0], pointer)
+            self.rules[name] = alt(*[self.shape_ir(sh) for sh in shapes])
+        self.rules["start"] = start if isinstance(start, Ref) else start
+        self._check_productive()
+        if self.options.max_recursion_depth is not None:
+            from grammars.json_schema.recursion import bound_recursion
+
+            self.rules = bound_recursion(self.rules, self.options.max_recursion_depth)
+        return Grammar(self.rules, "start", tuple(self.notes))
+
+    # ------------------------------------------------------------------ validation oracle
+
+    def valid(self, value: Any, sub: Sub) -> bool | None:
+        """Whether ``value`` satisfies ``sub`` per the ``jsonschema`` package (None: cannot tell)."""
+        if sub.schema is True:
+            return True
+        if sub.schema is False:
+            return False
+        try:
+            validator = self._validator()
+            check = validator.evolve(schema=sub.schema)
+            return not any(True for _ in check.iter_errors(value))
+        except Exception:  # unresolvable reference, unknown dialect, recursion...
+            return None
+
+    def _validator(self) -> Any:
+        v = self._validators.get("root")
+        if v is None:
+            import jsonschema
+            from referencing import Registry, Resource
+            from referencing.jsonschema import DRAFT202012, specification_with
+
+            root = self.doc.root
+            cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
+            spec = specification_with(cls.META_SCHEMA.get("$schema", ""), default=DRAFT202012)
+            resource = Resource(contents=root, specification=spec)
+            registry = Registry().with_resources([(self.doc.root_sub.base, resource), ("", resource)])
+            checker = cls.FORMAT_CHECKER if self.options.format_mode == "enforce" else None
+            v = cls(root, registry=registry, format_checker=checker)
+            if self.doc.root_sub.base != "":
+                v = v.evolve(_resolver=registry.resolver(base_uri=self.doc.root_sub.base))
+            self._validators["root"] = v
+        return v
+
+    # ------------------------------------------------------------------ shapes
+
+    def shape_ir(self, sh: Shape) -> Node:
+        """The IR of values satisfying one shape."""
+        if sh.enums:
+            values = self.norm.values(sh)
+            if not values:
+                self.unsat("no value of 'enum'/'const' satisfies the other keywords", sh.pointer)
+                return NOTHING
+            return alt(*[self.value_literal(v) for v in values])
+        if sh.nots:
+            where = ", ".join(n.pointer for n in sh.nots)
+            if not self.options.lenient:
+                raise SchemaError(f"cannot enforce 'not' here: its schema has no expressible negation "
+                                  "(pass lenient=True to drop it)", where, "not")
+            self.note(f"relaxed not at {where}")
+        parts: list[Node] = []
+        types = sh.types
+        if "null" in types:
+            parts.append(literal("null"))
+        if "boolean" in types:
+            parts.append(alt(literal("true"), literal("false")))
+        if "number" in types or "integer" in types:
+            parts.append(self.number_part(sh, integer="number" not in types))
+        if "string" in types:
+            parts.append(seq(literal('"'), self.string_body(sh), literal('"')))
+        if "array" in types:
+            from grammars.json_schema.arrays import array_ir
+
+            parts.append(array_ir(self, sh))
+        if "object" in types:
+            from grammars.json_schema.objects import object_ir
+
+            parts.append(object_ir(self, sh))
+        node = alt(*parts)
+        if sh.excluded and node != NOTHING:
+            try:
+                banned = alt(*[complete_value_ir(v, self.ws, self.comma, self.colon) for v in sh.excluded])
+            except Incomplete:
+                raise SchemaError("cannot enforce 'not' of an object value with several keys", sh.pointer, "not") from None
+            node = intersect(node, complement(banned))
+        if node == NOTHING and sh.types:
+            self.unsat("no value satisfies these keywords together", sh.pointer)
+        return node
+
+    def value_literal(self, v: Any) -> Node:
+        return value_ir(v, self.ws, self.comma, self.colon)
+
+    def number_part(self, sh: Shape, integer: bool) -> Node:
+        exponent_free = bool(sh.multiples or sh.excluded)
+        node = number_ir(sh.lo, sh.hi, integer=integer)
+        if exponent_free and node == ANY_NUMBER:
+            node = _EXPONENT_FREE
+        for m in sh.multiples:
+            if integer and m == m.to_integral_value() and m == 1:
+                continue
+            built = multiple_of_rules(m, f"multipleOf({m})@")
+            if built is None:
+                raise SchemaError(f"cannot enforce multipleOf {m}: the remainder automaton would be too large",
+                                  sh.pointer + "/multipleOf", "multipleOf")
+            rules, start = built
+            for k, v in rules.items():
+                self.rules.setdefault(k, v)
+            node = intersect(node, seq(optional(MINUS), start))
+        return node
+
+    def string_body(self, sh: Shape, canonical: bool = False) -> Node:
+        """The inside of a JSON string satisfying the string keywords of ``sh``."""
+        char = ANY_CANONICAL_CHAR if canonical else ANY_JSON_CHAR
+        parts = [repeat(char, sh.min_length, sh.max_length)]
+        for pat, where in sh.patterns:
+            parts.append(self.pattern_ir(pat, where, canonical))
+        for pat, where in sh.anti_patterns:
+            parts.append(complement(self.pattern_ir(pat, where, canonical)))
+        if self.options.format_mode == "enforce":
+            for fmt, where in sh.formats:
+                if fmt in KNOWN_FORMATS:
+                    parts.append(format_ir(fmt))
+                elif self.options.unknown_format == "error":
+                    raise SchemaError(
+                        f"unknown format {fmt!r} (known: {', '.join(sorted(KNOWN_FORMATS))}); "
+                        "pass unknown_format='ignore' to treat it as an annotation", where, "format")
+        return intersect(*parts) if len(parts) > 1 else parts[0]
+
+    def pattern_ir(self, pattern: str, where: str, canonical: bool = False) -> Node:
+        from grammars.regex import regex_to_ir
+
+        try:
+            return regex_to_ir(pattern, dialect="ecma", search=True,
+                               encode_class=canonical_char if canonical else json_char)
+        except RegexError as exc:
+            raise SchemaError(f"cannot enforce pattern: {exc}", where, "pattern") from None
+
+    def key_body_literal(self, key: str) -> Node:
+        """The canonical spelling of ``key`` without its quotes."""
+        from grammars.json_schema.json_strings import string_literal
+
+        lit = string_literal(key)
+        return Seq(lit.items[1:-1]) if isinstance(lit, Seq) and len(lit.items) > 3 else (
+            lit.items[1] if isinstance(lit, Seq) and len(lit.items) == 3 else EMPTY)
+
+    def property_names_ir(self, sub: Sub) -> Node:
+        """Key bodies (canonical spelling) allowed by ``propertyNames``."""
+        parts = []
+        for sh in self.norm.flatten(sub):
+            if sh.enums:
+                parts += [self.key_body_literal(v) for v in self.norm.values(sh) or [] if isinstance(v, str)]
+            elif "string" in sh.types:
+                if sh.nots or sh.excluded:
+                    raise SchemaError("'not' inside propertyNames is not supported", sub.pointer, "propertyNames")
+                parts.append(self.string_body(sh, canonical=True))
+        return alt(*parts)
+
+    # ------------------------------------------------------------------ shared rules
+
+    def any_value(self) -> Node:
+        if "any" not in self.rules:
+            self.rules["any"] = NOTHING
+            self.rules["any"] = alt(
+                literal("null"), literal("true"), literal("false"), ANY_NUMBER,
+                seq(literal('"'), repeat(ANY_JSON_CHAR), literal('"')),
+                seq(literal("["), self.ws, optional(seq(ref("any"), repeat(seq(self.comma, ref("any"))))), self.ws,
+                    literal("]")),
+                seq(literal("{"), self.ws, optional(seq(self._any_member(), repeat(seq(self.comma, self._any_member())))),
+                    self.ws, literal("}")),
+            )
+        return ref("any")
+
+    def _any_member(self) -> Node:
+        return seq(literal('"'), repeat(ANY_JSON_CHAR), literal('"'), self.colon, ref("any"))
+
+    def any_list(self) -> Node:
+        return optional(seq(self.any_value(), repeat(seq(self.comma, self.any_value()))))
+
+    # ------------------------------------------------------------------ finishing
+
+    def _check_productive(self) -> None:
+        """Raise when no finite document matches; name the first unsatisfiable place found."""
+        deps: dict[str, set[str]] = {name: set() for name in self.rules}
+        users: dict[str, list[str]] = {name: [] for name in self.rules}
+        for name, node in self.rules.items():
+            _refs(node, deps[name])
+            for d in deps[name]:
+                users.setdefault(d, []).append(name)
+        productive: set[str] = set()
+        todo = deque(self.rules)
+        queued = set(self.rules)
+        while todo:
+            name = todo.popleft()
+            queued.discard(name)
+            if name in productive:
+                continue
+            if _productive(self.rules[name], productive):
+                productive.add(name)
+                for u in users.get(name, ()):
+                    if u not in productive and u not in queued:
+                        queued.add(u)
+                        todo.append(u)
+        if "start" not in productive:
+            reason, where = "no finite JSON document satisfies it", "#"
+            for pointer, why in self._unsat.items():
+                reason, where = why, pointer
+                break
+            raise SchemaError(f"schema is unsatisfiable: {reason}", where)
+
+
+def _refs(node: Node, out: set[str]) -> None:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Ref):
+            out.add(n.name)
+        elif isinstance(n, (Seq, Alt, And)):
+            stack.extend(n.items)
+        elif isinstance(n, (Not, Repeat)):
+            stack.append(n.item)
+
+
+def _productive(node: Node, ok: set[str]) -> bool:
+    if isinstance(node, Bytes):
+        return node.mask != 0
+    if isinstance(node, Ref):
+        return node.name in ok
+    if isinstance(node, Seq):
+        return all(_productive(i, ok) for i in node.items)
+    if isinstance(node, Alt):
+        return any(_productive(i, ok) for i in node.items)
+    if isinstance(node, And):
+        return all(_productive(i, ok) for i in node.items)
+    if isinstance(node, Not):
+        return True
+    if isinstance(node, Repeat):
+        return node.min == 0 or _productive(node.item, ok)
+    return True
