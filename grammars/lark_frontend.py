@@ -1,0 +1,673 @@
+"""Lark grammar text -> the grammar IR.
+
+The split mirrors lark's own: lark's grammar loader (``lark.load_grammar.GrammarBuilder``) parses
+the text, resolves ``%import`` (lark's bundled ``common.lark`` and our built-ins in this folder),
+``%override``/``%extend``, and validates names; this module only turns the resulting EBNF trees
+into IR. Nothing here parses grammar text itself.
+
+What is accepted: rules and terminals, ``?rule``/``_rule``/``!rule`` (tree shaping only: same
+language), aliases and priorities (ignored: they shape trees, not languages), ``|``, ``*``, ``+``,
+``?``, ``[...]`` (optional), ``x ~ n`` and ``x ~ n..m``, string literals (``"..."i`` folds case
+the way Python's ``re`` does), regex literals ``/.../flags`` (through ``grammars.regex`` in the
+Python dialect; lookaround and backreferences are errors), ``"a".."z"`` ranges, ``%import``,
+``%ignore``, templates. ``%declare`` is rejected: a declared terminal has no definition we could
+enforce.
+
+Semantics. Lark's Earley parser with ``lexer="dynamic"`` matches each expected terminal with
+Python's ``re.match`` at the current position and uses that single (greedy, first-alternative)
+match. A byte-level CFG cannot see terminal boundaries, so here every string in a terminal's
+language is a possible token: our language is the one lark accepts with
+``lexer="dynamic_complete"``, a superset of ``lexer="dynamic"``'s. The two coincide whenever a
+terminal's greedy match never runs into the next token, e.g. when word-like tokens are separated
+by required whitespace or punctuation; the built-in grammars are written that way and the tests
+check them against ``lexer="dynamic"``.
+
+``%ignore X``: lark lets ignored terminals occur, any number of times, before the first token,
+between tokens and after the last. Here every terminal occurrence in a rule is followed by
+``(X)*`` and the start rule is preceded by it, so each gap has exactly one place for ignored text
+(no ambiguity that could multiply derivative states).
+
+Transformations that keep the language (all that masking needs): left recursion, which the
+derivative engine cannot run, is rewritten (``a: a x | y`` becomes ``a: y x*``; indirect left
+recursion by substituting rules of a left-recursive cycle into each other first; a nullable
+prefix such as ``a: b? a x`` is handled by splitting off its empty string). Rules that can never
+finish (``a: "x" a``) are removed, so the masks never lead into a dead end; a grammar whose start
+rule can never finish has the empty language and ``constrain`` reports it as unsatisfiable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+from lark import load_grammar as _lg
+from lark.exceptions import GrammarError as _LarkError
+from lark.exceptions import UnexpectedInput
+from lark.grammar import NonTerminal, Terminal
+from lark.lexer import PatternStr, Token
+from lark.tree import Tree
+
+from grammars import ir
+from grammars.errors import LarkGrammarError, RegexError
+from grammars.ir import EMPTY, NOTHING, Node, alt, optional, ref, repeat, seq
+from grammars.regex import regex_to_ir
+from grammars.unicode import char_class
+
+__all__ = ["lark_to_grammar", "BUILTIN_DIR", "RefMapper", "reachable_rules"]
+
+#: Folder of the built-in ``.lark`` grammars; also on the ``%import`` path (``%import json.value``).
+BUILTIN_DIR = Path(__file__).resolve().parent
+
+_IGNORE_RULE = "__ignore"
+_START_RULE = "__start"
+_NONEMPTY = "!nonempty"  # suffix of the rules made by removing the empty string from a rule
+_MAX_TEMPLATE_INSTANCES = 10_000
+_MAX_REWRITE_ROUNDS = 8
+
+
+def lark_to_grammar(text: str, start: str = "start", *, import_paths: Sequence[str | Path] = ()) -> ir.Grammar:
+    """The IR for the language of the Lark grammar ``text`` from rule ``start``.
+
+    ``import_paths`` are searched by ``%import`` before the built-in grammars and lark's own
+    ``common.lark``. Raises ``LarkGrammarError`` naming the grammar line for malformed or
+    unsupported input.
+    """
+    loaded = _load(text, [str(p) for p in import_paths] + [str(BUILTIN_DIR)])
+    return _Converter(text, loaded, start).run()
+
+
+# ------------------------------------------------------------------------------------ loading
+
+def _load(text: str, import_paths: list[str]) -> "_lg.Grammar":
+    builder = _lg.GrammarBuilder(import_paths=import_paths)
+    try:
+        builder.load_grammar(text, "<string>")
+        return builder.build()
+    except UnexpectedInput as e:
+        raise LarkGrammarError(f"syntax error: {str(e).strip().splitlines()[0]}", line=e.line) from None
+    except _LarkError as e:
+        message = str(e).strip().split("\n\n")[0]
+        at = re.search(r",? at line (\d+) column \d+", message)
+        if at:
+            return _raise(message[: at.start()] + message[at.end():], int(at.group(1)))
+        return _raise(message, _Lines(text).for_message(message))
+    except OSError as e:  # an %import that lark could not find
+        stmt = re.search(r"^\s*%import\b.*$", text, re.M)
+        where = text.count("\n", 0, stmt.start()) + 1 if stmt else None
+        raise LarkGrammarError(f"%import failed: {e}", line=where) from None
+
+
+def _raise(message: str, line: int | None):
+    raise LarkGrammarError(message, line=line)
+
+
+class _Lines:
+    """Where names are defined and used, from lark's own parse of the grammar text."""
+
+    def __init__(self, text: str) -> None:
+        self.defs: dict[str, list[int]] = {}
+        self.uses: dict[str, list[int]] = {}
+        self.declares: dict[str, int] = {}
+        try:
+            tree = _lg._get_parser().parse(text + "\n", "start")
+        except Exception:  # the text did not parse: nothing to locate
+            return
+        for stmt in tree.children:
+            if not isinstance(stmt, Tree):
+                continue
+            body = stmt.children[0] if stmt.data in ("override", "extend") else stmt
+            head = None
+            if body.data == "rule":
+                head = body.children[1]
+            elif body.data == "term":
+                head = body.children[0]
+            for tok in stmt.scan_values(lambda v: isinstance(v, Token) and v.type in ("RULE", "TERMINAL")):
+                if tok is head:
+                    self.defs.setdefault(tok.value, []).append(tok.line)
+                elif stmt.data == "declare":
+                    self.declares.setdefault(tok.value, tok.line)
+                else:
+                    self.uses.setdefault(tok.value, []).append(tok.line)
+
+    def definition(self, name: str) -> int | None:
+        lines = self.defs.get(name)
+        return lines[0] if lines else None
+
+    def for_message(self, message: str) -> int | None:
+        """The line a lark error message is about (best effort)."""
+        names = re.findall(r"'([^']+)'", message) or re.findall(r"\b(?:for|:) (\w+)", message)
+        if not names:
+            return None
+        name = names[0]
+        if "more than once" in message:
+            lines = self.defs.get(name, [])
+            return lines[-1] if lines else None
+        if "not defined" in message or "arguments" in message:
+            lines = self.uses.get(name) or self.defs.get(name)
+        else:
+            lines = self.defs.get(name) or self.uses.get(name)
+        return lines[0] if lines else None
+
+
+# --------------------------------------------------------------------------------- conversion
+
+class _Converter:
+    def __init__(self, text: str, loaded: "_lg.Grammar", start: str) -> None:
+        self.text = text
+        self._lines: _Lines | None = None
+        self.templates: dict[str, tuple[tuple[str, ...], Tree]] = {}
+        self.rule_trees: dict[str, Tree] = {}
+        for name, params, tree, _options in loaded.rule_defs:
+            if tree is None:
+                self._declared(str(name))
+            if params:
+                self.templates[str(name)] = (tuple(params), tree)
+            else:
+                self.rule_trees[str(name)] = tree
+        self.term_trees: dict[str, Tree] = {}
+        for name, (tree, _priority) in loaded.term_defs:
+            if tree is None:
+                self._declared(str(name))
+            self.term_trees[str(name)] = tree
+        if start not in self.rule_trees:
+            raise LarkGrammarError(f"start rule {start!r} is not defined"
+                                   + (" (it is a template)" if start in self.templates else ""))
+        self.start = start
+        self.ignore = list(loaded.ignore)
+        self.gap = repeat(ref(_IGNORE_RULE), 0, None) if self.ignore else EMPTY
+        self.rules: dict[str, Node] = {}
+        self.order: dict[str, int] = {}  # definition order, for stable rewriting and messages
+        self.pending: deque[Callable[[], None]] = deque()
+        self.instances: dict[tuple[str, tuple[Node, ...]], str] = {}
+        self.notes: list[str] = []
+
+    @property
+    def lines(self) -> _Lines:
+        """Built only when an error needs a line number (it parses the text once more)."""
+        if self._lines is None:
+            self._lines = _Lines(self.text)
+        return self._lines
+
+    def _declared(self, name: str) -> None:
+        raise LarkGrammarError(
+            f"%declare {name}: declared symbols come from a custom lexer, which constrain cannot "
+            "enforce; define it instead", line=self.lines.declares.get(name))
+
+    def _line(self, name: str) -> int | None:
+        base = name.split("{", 1)[0].split(_NONEMPTY, 1)[0]
+        return self.lines.definition(base)
+
+    # ------------------------------------------------------------------ rules and terminals
+
+    def run(self) -> ir.Grammar:
+        self._rule(self.start)
+        if self.ignore:
+            self._define(_IGNORE_RULE, lambda: alt(*(self._terminal(t) for t in self.ignore)))
+        while self.pending:
+            self.pending.popleft()()
+        rules = self.rules
+        nullable = _fixpoint(rules, _nullable)
+        self._prune_unproductive(nullable)
+        _LeftRecursion(self, nullable).eliminate()
+        start = self.start
+        if self.ignore:
+            rules[_START_RULE] = seq(self.gap, ref(start))
+            start = _START_RULE
+        reachable = reachable_rules(rules, start)
+        kept = {name: body for name, body in rules.items() if name in reachable}
+        return ir.Grammar(kept, start, notes=tuple(self.notes))
+
+    def _define(self, name: str, build: Callable[[], Node]) -> None:
+        if name in self.order:
+            return
+        self.order[name] = len(self.order)
+        self.rules[name] = NOTHING  # placeholder until built
+
+        def task() -> None:
+            self.rules[name] = build()
+
+        self.pending.append(task)
+
+    def _rule(self, name: str) -> Node:
+        self._define(name, lambda: self._expr(self.rule_trees[name], {}, name))
+        return ref(name)
+
+    def _terminal(self, name: str) -> Node:
+        def build() -> Node:
+            body = self._expr(self.term_trees[name], {}, name, terminal=True)
+            if _nullable(body, set()):
+                raise LarkGrammarError(
+                    f"terminal {name} matches the empty string (lark's Earley parser does not "
+                    "allow zero-width terminals)", line=self._line(name))
+            return body
+
+        self._define(name, build)
+        return ref(name)
+
+    def _template(self, name: str, args: tuple[Node, ...], line: int | None) -> Node:
+        params, tree = self.templates[name]
+        if len(args) != len(params):
+            raise LarkGrammarError(f"template {name} takes {len(params)} arguments, got {len(args)}", line=line)
+        key = (name, args)
+        inst = self.instances.get(key)
+        if inst is None:
+            if len(self.instances) >= _MAX_TEMPLATE_INSTANCES:
+                raise LarkGrammarError(f"template {name} expands without end", line=line)
+            inst = self.instances[key] = f"{name}{{{len(self.instances)}}}"
+            env = dict(zip(params, args))
+            self._define(inst, lambda: self._expr(tree, env, name))
+        return ref(inst)
+
+    # ------------------------------------------------------------------ EBNF trees -> IR
+
+    def _expr(self, t, env: dict[str, Node], owner: str, terminal: bool = False) -> Node:
+        if not isinstance(t, Tree):
+            return self._symbol(t, env, owner, terminal)
+        d, kids = t.data, t.children
+        if d == "expansions":
+            return alt(*(self._expr(k, env, owner, terminal) for k in kids))
+        if d == "expansion":
+            return seq(*(self._expr(k, env, owner, terminal) for k in kids))
+        if d == "alias":
+            return self._expr(kids[0], env, owner, terminal)
+        if d == "maybe":
+            return optional(self._expr(kids[0], env, owner, terminal))
+        if d == "value":
+            return self._expr(kids[0], env, owner, terminal)
+        if d == "expr":
+            return self._repeat(kids, env, owner, terminal)
+        if d == "literal":
+            node = self._literal(kids[0], owner)
+            return node if terminal else seq(node, self.gap)
+        if d == "range":
+            node = self._range(kids[0], kids[1])
+            return node if terminal else seq(node, self.gap)
+        if d == "template_usage":
+            name = kids[0].name
+            args = tuple(self._expr(k, env, owner, terminal) for k in kids[1:])
+            return self._template(name, args, self._line(owner))
+        raise LarkGrammarError(f"unsupported grammar construct {d!r} in {owner}", line=self._line(owner))
+
+    def _symbol(self, sym, env: dict[str, Node], owner: str, terminal: bool) -> Node:
+        if isinstance(sym, NonTerminal):
+            if sym.name in env:
+                return env[sym.name]
+            if sym.name in self.templates:
+                raise LarkGrammarError(f"template {sym.name} used without arguments (in {owner})",
+                                       line=self._line(owner))
+            return self._rule(sym.name)
+        if isinstance(sym, Terminal):
+            return seq(self._terminal(sym.name), self.gap)
+        raise LarkGrammarError(f"unexpected symbol {sym!r} in {owner}", line=self._line(owner))
+
+    def _repeat(self, kids: list, env: dict[str, Node], owner: str, terminal: bool) -> Node:
+        inner = self._expr(kids[0], env, owner, terminal)
+        op = str(kids[1])
+        if op == "*":
+            return repeat(inner, 0, None)
+        if op == "+":
+            return repeat(inner, 1, None)
+        if op == "?":
+            return optional(inner)
+        if op == "~":
+            lo = int(kids[2])
+            hi = int(kids[3]) if len(kids) > 3 else lo
+            if hi < lo or lo < 0:
+                raise LarkGrammarError(f"bad repetition range {lo}..{hi} in {owner}",
+                                       line=getattr(kids[2], "line", None) or self._line(owner))
+            return repeat(inner, lo, hi)
+        raise LarkGrammarError(f"unknown operator {op!r} in {owner}", line=self._line(owner))
+
+    def _literal(self, tok: Token, owner: str) -> Node:
+        line = getattr(tok, "line", None) or self._line(owner)
+        try:
+            pattern = _lg._literal_to_pattern(tok)
+        except _LarkError as e:
+            raise LarkGrammarError(f"{e} (in {owner})", line=line) from None
+        flags = "".join(sorted(pattern.flags))
+        if isinstance(pattern, PatternStr):
+            if not flags:
+                return ir.literal(pattern.value)
+            source = f"(?{flags}:{re.escape(pattern.value)})"
+        else:
+            source = f"(?{flags}){pattern.value}" if flags else pattern.value
+        try:
+            return regex_to_ir(source, dialect="python")
+        except RegexError as e:
+            raise LarkGrammarError(f"{owner}: {tok.value}: {e}", line=line) from None
+
+    def _range(self, lo_tok: Token, hi_tok: Token) -> Node:
+        lo, hi = (_lg.eval_escaping(t.value[1:-1]) for t in (lo_tok, hi_tok))
+        if len(lo) != 1 or len(hi) != 1 or ord(lo) > ord(hi):
+            raise LarkGrammarError(f"bad range {lo_tok.value}..{hi_tok.value}", line=getattr(lo_tok, "line", None))
+        return char_class([(ord(lo), ord(hi))])
+
+    # ------------------------------------------------------------------ cleaning up
+
+    def _prune_unproductive(self, nullable: set[str]) -> None:
+        productive = _fixpoint(self.rules, _productive)
+        dead = [name for name in self.rules if name not in productive]
+        if not dead:
+            return
+        for name in dead:
+            if name != _IGNORE_RULE:
+                self.notes.append(f"rule {name!r} can never finish (it always recurses): removed")
+        if self.start in dead:
+            self.notes.append("the grammar's language is empty: its start rule can never finish")
+        mapper = RefMapper(lambda n: NOTHING if n not in productive else None)
+        for name in list(self.rules):
+            self.rules[name] = NOTHING if name in dead else mapper(self.rules[name])
+        for name in dead:
+            if name != self.start:
+                del self.rules[name]
+        if _IGNORE_RULE in dead:
+            self.gap = EMPTY
+
+
+# ------------------------------------------------------------------------ IR analyses
+
+def _children(node: Node) -> tuple[Node, ...]:
+    if isinstance(node, (ir.Seq, ir.Alt, ir.And)):
+        return node.items
+    if isinstance(node, (ir.Repeat, ir.Not)):
+        return (node.item,)
+    return ()
+
+
+def _refs(node: Node) -> set[str]:
+    out: set[str] = set()
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, ir.Ref):
+            out.add(n.name)
+        else:
+            stack.extend(_children(n))
+    return out
+
+
+def _nullable(node: Node, known: set[str]) -> bool:
+    """Whether ``node`` matches the empty string, given the rules known to be nullable."""
+    if isinstance(node, ir.Bytes):
+        return False
+    if isinstance(node, ir.Seq):
+        return all(_nullable(i, known) for i in node.items)
+    if isinstance(node, ir.Alt):
+        return any(_nullable(i, known) for i in node.items)
+    if isinstance(node, ir.Repeat):
+        return node.min == 0 or _nullable(node.item, known)
+    if isinstance(node, ir.Ref):
+        return node.name in known
+    if isinstance(node, ir.And):
+        return all(_nullable(i, known) for i in node.items)
+    if isinstance(node, ir.Not):
+        raise LarkGrammarError("complement is not supported in Lark grammars")
+    raise TypeError(node)
+
+
+def _productive(node: Node, known: set[str]) -> bool:
+    """Whether ``node`` matches some string, given the rules known to match some string."""
+    if isinstance(node, ir.Bytes):
+        return node.mask != 0
+    if isinstance(node, ir.Seq):
+        return all(_productive(i, known) for i in node.items)
+    if isinstance(node, ir.Alt):
+        return any(_productive(i, known) for i in node.items)
+    if isinstance(node, ir.Repeat):
+        return node.min == 0 or _productive(node.item, known)
+    if isinstance(node, ir.Ref):
+        return node.name in known
+    raise LarkGrammarError(f"unsupported IR node {type(node).__name__} in a Lark grammar")
+
+
+def _fixpoint(rules: dict[str, Node], holds: Callable[[Node, set[str]], bool]) -> set[str]:
+    """The least set of rules for which the monotone property ``holds`` (worklist, linear-ish)."""
+    users: dict[str, list[str]] = {}
+    for name, body in rules.items():
+        for r in _refs(body):
+            users.setdefault(r, []).append(name)
+    known: set[str] = set()
+    work = deque(rules)
+    while work:
+        name = work.popleft()
+        if name in known:
+            continue
+        if holds(rules[name], known):
+            known.add(name)
+            work.extend(u for u in users.get(name, ()) if u not in known)
+    return known
+
+
+def reachable_rules(rules: Mapping[str, Node], start: str) -> set[str]:
+    """Names of the rules ``start`` uses, directly or not (itself included)."""
+    seen = {start}
+    work = [start]
+    while work:
+        for r in _refs(rules[work.pop()]):
+            if r not in seen and r in rules:
+                seen.add(r)
+                work.append(r)
+    return seen
+
+
+class RefMapper:
+    """Rebuild an IR tree with some ``Ref`` nodes replaced (``fn`` returns None to keep one)."""
+
+    def __init__(self, fn: Callable[[str], Node | None]) -> None:
+        self.fn = fn
+        self.memo: dict[int, tuple[Node, Node]] = {}
+
+    def __call__(self, node: Node) -> Node:
+        got = self.memo.get(id(node))
+        if got is not None:
+            return got[1]
+        if isinstance(node, ir.Ref):
+            new = self.fn(node.name)
+            out = node if new is None else new
+        elif isinstance(node, ir.Seq):
+            out = seq(*(self(i) for i in node.items))
+        elif isinstance(node, ir.Alt):
+            out = alt(*(self(i) for i in node.items))
+        elif isinstance(node, ir.Repeat):
+            out = repeat(self(node.item), node.min, node.max)
+        elif isinstance(node, ir.And):
+            out = ir.intersect(*(self(i) for i in node.items))
+        elif isinstance(node, ir.Not):
+            out = ir.complement(self(node.item))
+        else:
+            out = node
+        self.memo[id(node)] = (node, out)
+        return out
+
+
+def _cyclic_components(graph: dict[str, set[str]], order: Iterable[str]) -> list[list[str]]:
+    """Strongly connected components that contain a cycle (iterative Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    for root in order:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            pushed = False
+            for w in it:
+                if w not in graph:
+                    continue
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    pushed = True
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            if pushed:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1 or v in graph[v]:
+                    out.append(comp)
+    return out
+
+
+# ------------------------------------------------------------------------ left recursion
+
+class _LeftRecursion:
+    """Rewrites left recursion away, keeping every rule's language.
+
+    ``a = a r | b`` has the least solution ``a = b r*``. A cycle through several rules is first
+    folded into one rule by substituting the earlier rules of the cycle where they occur in
+    leftmost position (Paull's algorithm); a nullable prefix ``p`` in ``p a x`` is split into
+    ``p``'s non-empty part (a new rule ``p!nonempty`` where ``p`` is a rule) and the empty string.
+    """
+
+    def __init__(self, conv: _Converter, nullable: set[str]) -> None:
+        self.conv = conv
+        self.rules = conv.rules
+        self.nullable_rules = nullable
+        self.nonempty_todo: deque[str] = deque()
+
+    def nullable(self, node: Node) -> bool:
+        return _nullable(node, self.nullable_rules)
+
+    def left(self, node: Node) -> set[str]:
+        """Rules that can start ``node`` (after a nullable prefix)."""
+        if isinstance(node, ir.Ref):
+            return {node.name}
+        if isinstance(node, ir.Seq):
+            out: set[str] = set()
+            for item in node.items:
+                out |= self.left(item)
+                if not self.nullable(item):
+                    break
+            return out
+        if isinstance(node, ir.Alt):
+            return set().union(*(self.left(i) for i in node.items))
+        if isinstance(node, ir.Repeat):
+            return self.left(node.item)
+        return set()
+
+    def graph(self) -> dict[str, set[str]]:
+        return {name: self.left(body) for name, body in self.rules.items()}
+
+    def eliminate(self) -> None:
+        order = self.conv.order
+        for _ in range(_MAX_REWRITE_ROUNDS):
+            cycles = _cyclic_components(self.graph(), list(self.rules))
+            if not cycles:
+                return
+            for comp in cycles:
+                comp.sort(key=lambda n: order.get(n, len(order)))
+                done: list[str] = []
+                for a in comp:
+                    body = self.rules[a]
+                    for b in done:
+                        if b in self.left(body):
+                            body = self.substitute(body, b, self.rules[b])
+                    rec, base = self.split(body, a)
+                    if rec != NOTHING:
+                        body = seq(base, repeat(rec, 0, None))
+                    self.rules[a] = body
+                    done.append(a)
+            self.build_nonempty()
+        cycles = _cyclic_components(self.graph(), list(self.rules))
+        if cycles:
+            name = min(cycles[0], key=lambda n: order.get(n, len(order)))
+            path = " -> ".join(sorted(cycles[0], key=lambda n: order.get(n, len(order))))
+            raise LarkGrammarError(
+                f"rule {name!r} is left-recursive ({path}) in a way that could not be rewritten",
+                line=self.conv._line(name))
+
+    def substitute(self, node: Node, name: str, body: Node) -> Node:
+        """``node`` with ``Ref(name)`` in leftmost positions replaced by ``body``."""
+        if isinstance(node, ir.Ref):
+            return body if node.name == name else node
+        if name not in self.left(node):
+            return node
+        if isinstance(node, ir.Seq):
+            items = list(node.items)
+            for i, item in enumerate(items):
+                items[i] = self.substitute(item, name, body)
+                if not self.nullable(item):
+                    break
+            return seq(*items)
+        if isinstance(node, ir.Alt):
+            return alt(*(self.substitute(i, name, body) for i in node.items))
+        if isinstance(node, ir.Repeat):
+            return repeat(self.substitute(node.item, name, body), node.min, node.max)
+        return node
+
+    def split(self, node: Node, a: str) -> tuple[Node, Node]:
+        """``(r, b)`` with ``node = a r | b`` and ``a`` not leftmost in ``b`` (where possible)."""
+        if a not in self.left(node):
+            return NOTHING, node
+        if isinstance(node, ir.Ref):
+            return EMPTY, NOTHING
+        if isinstance(node, ir.Alt):
+            parts = [self.split(i, a) for i in node.items]
+            return alt(*(r for r, _ in parts)), alt(*(b for _, b in parts))
+        if isinstance(node, ir.Seq):
+            head, rest = node.items[0], seq(*node.items[1:])
+            rh, bh = self.split(head, a)
+            if self.nullable(bh) and a in self.left(rest):
+                rr, br = self.split(rest, a)
+                return alt(seq(rh, rest), rr), alt(seq(self.nonempty(bh), rest), br)
+            return seq(rh, rest), seq(bh, rest)
+        if isinstance(node, ir.Repeat):
+            hi = None if node.max is None else node.max - 1
+            first = seq(node.item, repeat(node.item, max(node.min - 1, 0), hi))
+            return self.split(first if node.min else alt(EMPTY, first), a)
+        return NOTHING, node
+
+    def nonempty(self, node: Node) -> Node:
+        """The non-empty strings of ``node``."""
+        if isinstance(node, ir.Bytes):
+            return node
+        if isinstance(node, ir.Ref):
+            if node.name not in self.nullable_rules:
+                return node
+            name = node.name + _NONEMPTY
+            if name not in self.rules:
+                self.rules[name] = NOTHING
+                self.conv.order[name] = self.conv.order.get(node.name, len(self.conv.order))
+                self.nonempty_todo.append(node.name)
+            return ref(name)
+        if isinstance(node, ir.Seq):
+            if not node.items:
+                return NOTHING
+            head, rest = node.items[0], seq(*node.items[1:])
+            out = seq(self.nonempty(head), rest)
+            return alt(out, self.nonempty(rest)) if self.nullable(head) else out
+        if isinstance(node, ir.Alt):
+            return alt(*(self.nonempty(i) for i in node.items))
+        if isinstance(node, ir.Repeat):
+            hi = None if node.max is None else node.max - 1
+            return seq(self.nonempty(node.item), repeat(node.item, max(node.min - 1, 0), hi))
+        raise LarkGrammarError(f"unsupported IR node {type(node).__name__} in a Lark grammar")
+
+    def build_nonempty(self) -> None:
+        while self.nonempty_todo:
+            base = self.nonempty_todo.popleft()
+            self.rules[base + _NONEMPTY] = self.nonempty(self.rules[base])
