@@ -17,7 +17,7 @@ from typing import Callable, Literal
 
 from grammars.errors import RegexError
 from grammars.ir import EMPTY, Node, alt, optional, repeat, seq
-from grammars.regex_parser import Anchor, Ast, Chars, Concat, Group, Quant, Union_, parse
+from grammars.regex_parser import Anchor, Ast, Chars, Concat, Group, Quant, Alternation, parse
 from grammars.unicode import MAX_CODE_POINT, char_class
 
 __all__ = ["regex_to_ir"]
@@ -66,7 +66,7 @@ class _Builder:
     def alternatives(self, tree: Ast, left: str | None, right: str | None) -> list[tuple[str | None, Ast, str | None]]:
         """Split into top-level alternatives with their edge anchors removed and recorded."""
         out = []
-        for branch in tree.items if isinstance(tree, Union_) else (tree,):
+        for branch in tree.items if isinstance(tree, Alternation) else (tree,):
             items = list(branch.items) if isinstance(branch, Concat) else [branch]
             lo, hi = left, right
             while items and isinstance(items[0], Anchor) and items[0].side == "start":
@@ -103,7 +103,7 @@ class _Builder:
             return self.chars(node.ranges)
         if isinstance(node, Concat):
             return seq(*(self.build(item) for item in node.items))
-        if isinstance(node, Union_):
+        if isinstance(node, Alternation):
             return alt(*(self.build(item) for item in node.items))
         if isinstance(node, Group):
             return self.build(node.item)

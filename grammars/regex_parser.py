@@ -4,9 +4,14 @@ Two dialects: ``python`` follows CPython's ``re`` (str patterns) and ``ecma`` fo
 JSON Schema uses it (Annex B leniency for a stray ``]``, ``}`` or non-quantifier ``{``, plus the
 ``u``-mode escapes ``\\u{..}`` and ``\\p{..}``). Every character-matching construct is resolved here
 to code-point ranges (case folding included), so the IR builder in ``grammars.regex`` only sees
-sets, sequences, unions, repeats and anchors. Features that cannot be expressed as a regular
-language over characters (backreferences, lookaround, word boundaries...) raise ``RegexError``
+sets, sequences, unions, repeats and anchors. Features we do not translate (backreferences,
+lookaround, word boundaries, atomic groups, possessive quantifiers...) raise ``RegexError``
 naming the feature and its position.
+
+Class escapes follow each dialect: Python's ``\\d \\w \\s`` are Unicode-aware (exactly as ``re``
+for str patterns, ASCII under ``(?a)``); ECMA's ``\\d \\w`` are ASCII and ``\\s`` is ECMA's own
+whitespace list. Known gap: CPython's ``(?ai)`` with a class range reaching past U+FFFF folds
+non-ASCII letters (an ``re`` quirk we do not reproduce; we fold ASCII only under ``(?a)``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from grammars.regex_classes import (
 )
 from grammars.unicode import MAX_CODE_POINT, Ranges, negate, normalize
 
-__all__ = ["Chars", "Concat", "Union_", "Group", "Quant", "Anchor", "Ast", "parse", "MAX_REPEAT"]
+__all__ = ["Chars", "Concat", "Alternation", "Group", "Quant", "Anchor", "Ast", "parse", "MAX_REPEAT"]
 
 Dialect = Literal["python", "ecma"]
 
@@ -44,7 +49,7 @@ class Concat:
 
 
 @dataclass(frozen=True)
-class Union_:
+class Alternation:
     items: tuple["Ast", ...]
 
 
@@ -76,7 +81,7 @@ class Anchor:
     pos: int
 
 
-Ast = Union[Chars, Concat, Union_, Group, Quant, Anchor]
+Ast = Union[Chars, Concat, Alternation, Group, Quant, Anchor]
 
 
 @dataclass(frozen=True)
@@ -191,7 +196,7 @@ class _Parser:
         items = [self.concat()]
         while self.eat("|"):
             items.append(self.concat())
-        return items[0] if len(items) == 1 else Union_(tuple(items))
+        return items[0] if len(items) == 1 else Alternation(tuple(items))
 
     def concat(self) -> Ast:
         items: list[Ast] = []
