@@ -24,6 +24,9 @@ __all__ = ["regex_to_ir"]
 
 EncodeClass = Callable[[list[tuple[int, int]]], Node]
 
+# A top-level alternative: (start anchor mode or None, body, end anchor mode or None).
+_Branch = tuple[str | None, Ast, str | None]
+
 # Anchor strength: combining two anchors at one edge keeps the stricter (earlier) one.
 _MODES = ("strict", "final_newline", "multiline")
 
@@ -63,9 +66,9 @@ class _Builder:
             parts.append(body)
         return alt(*parts)
 
-    def alternatives(self, tree: Ast, left: str | None, right: str | None) -> list[tuple[str | None, Ast, str | None]]:
+    def alternatives(self, tree: Ast, left: str | None, right: str | None) -> list[_Branch]:
         """Split into top-level alternatives with their edge anchors removed and recorded."""
-        out = []
+        out: list[_Branch] = []
         for branch in tree.items if isinstance(tree, Alternation) else (tree,):
             items = list(branch.items) if isinstance(branch, Concat) else [branch]
             lo, hi = left, right
