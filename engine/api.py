@@ -72,6 +72,7 @@ class Request:
     system: str | None = None
     chat: bool | None = None
     stop_token_ids: Sequence[int] | None = None
+    budget_close: bool = True
 
     def constraint(self) -> Constraint | None:
         return Constraint.from_args(self.json_schema, self.regex, self.grammar, self.choices)
@@ -122,6 +123,7 @@ class Engine:
             sampling=SamplingParams(r.temperature, r.top_p, r.top_k, r.seed),
             max_tokens=r.max_tokens,
             stop_token_ids=frozenset(int(t) for t in stops),
+            budget_close=r.budget_close,
         )
 
     def _scheduler(self, reqs: Sequence[GenerationRequest]) -> Scheduler:

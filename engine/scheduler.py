@@ -126,7 +126,7 @@ class Scheduler:
         rows = [i for i, s in enumerate(batch) if s.matcher is not None]
         if rows:
             for i in rows:
-                batch[i].matcher.fill_next_token_bitmask(self._bitmask, i)
+                self._fill_row(batch[i], i)
             mask = self._bitmask[: len(batch)].to(logits.device, non_blocking=True)
             apply_bitmask(logits, mask, torch.as_tensor(rows, device=logits.device))
         tokens = sample(logits, [s.request.sampling for s in batch], [s.seed for s in batch],
@@ -135,6 +135,21 @@ class Scheduler:
             self._advance(s, int(t))
         self.running = batch
         return self._retire()
+
+    def _fill_row(self, s: _Sequence, row: int) -> None:
+        """The matcher's mask for ``s`` into bitmask ``row``, budget-aware when asked.
+
+        With ``budget_close`` the matcher allows, near the end of the budget, only tokens that
+        keep a complete document within the tokens left (the stop token counts as one). When even
+        that is impossible (a budget smaller than the shortest document) the mask would be empty:
+        we fall back to the plain mask and the request ends with finish_reason "length".
+        """
+        req, m = s.request, s.matcher
+        assert m is not None
+        left = req.max_tokens - len(s.generated) if req.budget_close else None
+        m.fill_next_token_bitmask(self._bitmask, row, tokens_left=left)
+        if left is not None and m.min_completion_bytes() + 2 >= left and not bool(self._bitmask[row].any()):
+            m.fill_next_token_bitmask(self._bitmask, row)
 
     def _advance(self, s: _Sequence, token: int) -> None:
         s.draws += 1

@@ -17,6 +17,9 @@ class GenerationRequest:
 
     ``stop_token_ids`` end *unconstrained* requests; a constrained request ends when its matcher
     accepts a stop token, which the grammar allows only where the document is complete.
+    ``max_tokens`` bounds every token emitted, the stop token included. ``budget_close`` steers
+    a constrained request to finish its document within that budget (constrain's budget-aware
+    mask) instead of being cut off.
     """
 
     prompt_ids: list[int]
@@ -25,6 +28,7 @@ class GenerationRequest:
     max_tokens: int = 256
     stop_token_ids: frozenset[int] = frozenset()
     force_tokens: bool = True
+    budget_close: bool = True
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
