@@ -29,7 +29,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.data import DEFAULT_DATA, REPO_ROOT, expand_subsets, load_cases  # noqa: E402
-from bench.engines import ENGINES  # noqa: E402
+from bench.engines import ADAPTERS, ENGINES  # noqa: E402
 from bench.report import build_report  # noqa: E402
 from bench.runner import run_engine  # noqa: E402
 from bench.tok import TOKENIZERS  # noqa: E402
@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     versions: dict[str, str] = {}
     lock = threading.Lock()
     t_start = time.time()
+    load_start = os.getloadavg()[0]
     done: dict[str, int] = {e: 0 for e in engines}
 
     with open(out, "w", encoding="utf-8") as raw:
@@ -138,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             f"- one CPU thread per engine, engines run {'one at a time' if args.jobs <= 1 else f'{args.jobs} at a time'}; "
             f"compile timeout {args.timeout:g} s (timeouts enter the compile percentiles at that value); "
             f"{args.walks} walks per schema, cap {args.max_tokens} tokens; wall time {elapsed:.0f} s\n"
-            f"- ratios in parentheses are engine / llguidance\n\n")
+            f"- load average (1 min) {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end (times are wall clock)\n"
+            + "".join(f"- {e}: {ADAPTERS[e].options}\n" for e in order)
+            + "- ratios in parentheses are engine / llguidance\n\n")
     report = head + body
     print(report)
     if args.write_benchmarks:

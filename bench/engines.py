@@ -39,6 +39,7 @@ class Compiled:
 
 class Engine:
     name = "?"
+    options = ""    # how the engine is configured, for the report
 
     def __init__(self, tok: Tok) -> None:
         self.tok = tok
@@ -79,6 +80,7 @@ class _FactoryCompiled(Compiled):
 
 class XGrammar(Engine):
     name = "xgrammar"
+    options = "compile_json_schema(any_whitespace=False, separators=(',', ':'), strict_mode=False), max_threads=1, no cache"
 
     def __init__(self, tok: Tok) -> None:
         super().__init__(tok)
@@ -94,7 +96,7 @@ class XGrammar(Engine):
         import xgrammar as xgr
 
         cg = self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":"),
-                                               strict_mode=True)
+                                               strict_mode=False)
         return _FactoryCompiled(lambda: _StdMatcher(xgr.GrammarMatcher(cg)))
 
     @staticmethod
@@ -139,6 +141,7 @@ class _LlgMatcher(EngineMatcher):
 
 class LLGuidance(Engine):
     name = "llguidance"
+    options = "grammar_from_json_schema(whitespace_flexible=False, separators ',' ':'), default limits"
 
     def __init__(self, tok: Tok) -> None:
         super().__init__(tok)
@@ -190,6 +193,7 @@ class _OutlinesMatcher(EngineMatcher):
 
 class Outlines(Engine):
     name = "outlines"
+    options = "build_regex_from_schema(default whitespace) + Index + Guide"
 
     def __init__(self, tok: Tok) -> None:
         super().__init__(tok)
@@ -218,6 +222,7 @@ class Outlines(Engine):
 
 class Constrain(Engine):
     name = "constrain"
+    options = "compile_json_schema(schema, vocab) defaults"
 
     def __init__(self, tok: Tok) -> None:
         super().__init__(tok)
@@ -243,9 +248,12 @@ class Constrain(Engine):
 
         from bench.data import REPO_ROOT
 
+        def git(*a: str) -> str:
+            return subprocess.run(["git", *a], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+
         try:
-            return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
-                                  capture_output=True, text=True, check=True).stdout.strip()
+            dirty = git("status", "--porcelain", "--", "constrain", "grammars")
+            return git("rev-parse", "--short", "HEAD") + (" + uncommitted constrain/grammars changes" if dirty else "")
         except Exception:
             return "?"
 

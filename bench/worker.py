@@ -82,6 +82,21 @@ def run_case(engine: Any, masks: Any, case: dict, args: argparse.Namespace, send
           "inst_mask": _summary(inst_ns)})
 
 
+def _exit_with_parent() -> None:
+    """A worker whose driver died (killed, interrupted) must not keep a core busy on a hung compile."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", required=True)
@@ -92,6 +107,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mem-gb", type=float, default=0)
     args = ap.parse_args()
+    _exit_with_parent()
 
     os.environ.update(THREAD_ENV)
     proto = os.fdopen(os.dup(1), "w", encoding="utf-8")

@@ -1,0 +1,279 @@
+"""JSON Schema front-end coverage over JSONSchemaBench and the JSON Schema Test Suite.
+
+For each schema: does it compile, is every valid instance accepted (serialized compactly with keys
+in schema declaration order), is every instance that ``jsonschema`` rejects refused (soundness).
+Prints per-subset rates and the most common failure reasons.
+
+    python bench/schema_coverage.py                       # all JSONSchemaBench subsets
+    python bench/schema_coverage.py --subset Github_easy --limit 200
+    python bench/schema_coverage.py --suite               # JSON Schema Test Suite draft2020-12
+    python bench/schema_coverage.py --unknown-format ignore --lenient
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DATA = ROOT.parent / "shared" / "data"
+BENCH = DATA / "jsonschemabench"
+SUITE = DATA / "json-schema-test-suite" / "draft2020-12"
+
+
+# ---------------------------------------------------------------------- instances in schema order
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    if not ref.startswith("#"):
+        return None
+    node = root
+    for raw in ref[1:].split("/")[1:]:
+        from urllib.parse import unquote
+
+        tok = unquote(raw).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and tok in node:
+            node = node[tok]
+        elif isinstance(node, list) and tok.isdigit() and int(tok) < len(node):
+            node = node[int(tok)]
+        else:
+            return None
+    return node
+
+
+def _branches(root: Any, schema: Any, seen: set[int]) -> Iterator[dict]:
+    """``schema`` and every subschema applied in place (refs, allOf, anyOf...), in our merge order."""
+    if not isinstance(schema, dict) or id(schema) in seen:
+        return
+    seen.add(id(schema))
+    yield schema
+    if isinstance(schema.get("$ref"), str):
+        yield from _branches(root, _resolve(root, schema["$ref"]), seen)
+    for kw in ("allOf", "anyOf", "oneOf"):
+        for b in schema.get(kw, []) if isinstance(schema.get(kw), list) else []:
+            yield from _branches(root, b, seen)
+    for kw in ("if", "then", "else"):
+        yield from _branches(root, schema.get(kw), seen)
+    for kw in ("dependentSchemas", "dependencies"):
+        if isinstance(schema.get(kw), dict):
+            for v in schema[kw].values():
+                yield from _branches(root, v, seen)
+
+
+def in_schema_order(root: Any, schemas: list[Any], value: Any) -> Any:
+    """``value`` with object keys reordered as the generated grammar writes them."""
+    parts = [b for s in schemas for b in _branches(root, s, set())]
+    if isinstance(value, dict):
+        declared: dict[str, None] = {}
+        required: dict[str, None] = {}
+        for b in parts:
+            if isinstance(b.get("properties"), dict):
+                declared.update(dict.fromkeys(b["properties"]))
+        for b in parts:
+            if isinstance(b.get("required"), list):
+                required.update(dict.fromkeys(k for k in b["required"] if isinstance(k, str) and k not in declared))
+        order = {k: i for i, k in enumerate(list(declared) + list(required))}
+        keys = sorted(value, key=lambda k: (order.get(k, len(order)),))
+        out = {}
+        for k in keys:
+            subs = []
+            for b in parts:
+                if isinstance(b.get("properties"), dict) and k in b["properties"]:
+                    subs.append(b["properties"][k])
+                if isinstance(b.get("patternProperties"), dict):
+                    subs += [s for p, s in b["patternProperties"].items() if _search(p, k)]
+                if isinstance(b.get("additionalProperties"), dict):
+                    subs.append(b["additionalProperties"])
+            out[k] = in_schema_order(root, subs, value[k])
+        return out
+    if isinstance(value, list):
+        out_list = []
+        for i, x in enumerate(value):
+            subs = []
+            for b in parts:
+                pre = b.get("prefixItems") if isinstance(b.get("prefixItems"), list) else (
+                    b.get("items") if isinstance(b.get("items"), list) else None)
+                if pre is not None and i < len(pre):
+                    subs.append(pre[i])
+                elif isinstance(b.get("items"), dict):
+                    subs.append(b["items"])
+                elif isinstance(b.get("additionalItems"), dict):
+                    subs.append(b["additionalItems"])
+                if isinstance(b.get("contains"), dict):
+                    subs.append(b["contains"])
+            out_list.append(in_schema_order(root, subs, x))
+        return out_list
+    return value
+
+
+def _search(pattern: str, text: str) -> bool:
+    try:
+        return re.search(pattern, text) is not None
+    except re.error:
+        return False
+
+
+# ---------------------------------------------------------------------- checking
+
+
+class Timeout(Exception):
+    pass
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise Timeout()
+
+
+def oracle(schema: Any) -> Any:
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def dump(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+class Matcher:
+    """Byte-level membership on one grammar, sharing derivatives across instances."""
+
+    def __init__(self, grammar: Any) -> None:
+        from constrain.derivatives import NOTHING, ExprTable
+
+        self.table, self.nothing = ExprTable(grammar), NOTHING
+
+    def __call__(self, data: bytes) -> bool:
+        old = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(old, 20000))
+        try:
+            s = self.table.start
+            for b in data:
+                s = self.table.derive(s, b)
+                if s == self.nothing:
+                    return False
+            return self.table.nullable(s)
+        finally:
+            sys.setrecursionlimit(old)
+
+
+def check(schema: Any, tests: list[tuple[Any, bool | None]], options: dict, timeout: float = 20.0) -> tuple[str, str]:
+    """("pass"|"compile"|"reject_valid"|"accept_invalid"|"timeout"|"crash", detail)."""
+    from grammars.errors import GrammarError
+    from grammars.json_schema import json_schema_to_grammar
+
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        try:
+            grammar = json_schema_to_grammar(schema, **options)
+        except GrammarError as exc:
+            return "compile", str(exc)
+        match = Matcher(grammar)
+        validator = oracle(schema)
+        for value, _ in tests:
+            ok = validator.is_valid(value)
+            if ok:
+                data = dump(in_schema_order(schema, [schema], value))
+                if not match(data):
+                    return "reject_valid", data.decode("utf-8", "replace")[:200]
+            else:
+                data = dump(value)
+                if match(data):
+                    return "accept_invalid", data.decode("utf-8", "replace")[:200]
+        return "pass", ""
+    except Timeout:
+        return "timeout", ""
+    except RecursionError:
+        return "crash", "RecursionError"
+    except Exception as exc:  # a bug of ours: report it, keep going
+        return "crash", f"{type(exc).__name__}: {exc}"[:200]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def bench_cases(subset: str | None, limit: int | None) -> Iterator[tuple[str, str, Any, list]]:
+    files = sorted(BENCH.glob("*.jsonl.gz")) if subset is None else [BENCH / f"{subset}.jsonl.gz"]
+    for f in files:
+        with gzip.open(f, "rt") as fh:
+            for i, line in enumerate(fh):
+                if limit is not None and i >= limit:
+                    break
+                d = json.loads(line)
+                yield f.name.split(".")[0], d["id"], d["schema"], [(t["data"], t["valid"]) for t in d["tests"]]
+
+
+def suite_cases(include_optional: bool = False) -> Iterator[tuple[str, str, Any, list]]:
+    files = sorted(SUITE.glob("*.json")) + (sorted((SUITE / "optional").rglob("*.json")) if include_optional else [])
+    for f in files:
+        for group in json.loads(f.read_text()):
+            yield f.stem, f"{f.stem}: {group['description']}", group["schema"], [
+                (t["data"], t["valid"]) for t in group["tests"]]
+
+
+def _reason(detail: str) -> str:
+    """A failure message with its specifics (names, pointers, values) blanked, for counting."""
+    text = re.sub(r"'[^']*'", "'…'", detail)
+    text = re.sub(r"\bat #\S*", "at #…", text)
+    text = re.sub(r"\d+", "N", text)
+    return text[:140]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--subset")
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--suite", action="store_true", help="JSON Schema Test Suite instead of JSONSchemaBench")
+    ap.add_argument("--optional", action="store_true", help="with --suite: include optional/ (formats...)")
+    ap.add_argument("--lenient", action="store_true")
+    ap.add_argument("--oneof-as-anyof", action="store_true")
+    ap.add_argument("--unknown-format", default="error", choices=["error", "ignore"])
+    ap.add_argument("--timeout", type=float, default=20.0)
+    ap.add_argument("--show", type=int, default=15, help="how many failure reasons to list")
+    ap.add_argument("--verbose", action="store_true", help="print every failure")
+    args = ap.parse_args()
+    options = {"lenient": args.lenient, "unknown_format": args.unknown_format, "oneof_as_anyof": args.oneof_as_anyof}
+    cases = suite_cases(args.optional) if args.suite else bench_cases(args.subset, args.limit)
+    per: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    reasons: collections.Counter = collections.Counter()
+    examples: dict[str, str] = {}
+    start = time.time()
+    for subset, name, schema, tests in cases:
+        outcome, detail = check(schema, tests, options, args.timeout)
+        per[subset][outcome] += 1
+        if outcome != "pass":
+            key = f"{outcome}: {_reason(detail)}"
+            reasons[key] += 1
+            examples.setdefault(key, f"{name}: {detail[:160]}")
+            if args.verbose:
+                print(f"{outcome:15} {name}: {detail[:300]}")
+    total: collections.Counter = collections.Counter()
+    print(f"{'subset':28} {'n':>5} {'pass':>6} {'compile':>8} {'rej_valid':>9} {'acc_inval':>9} {'other':>6}")
+    for subset in sorted(per):
+        c = per[subset]
+        total.update(c)
+        n = sum(c.values())
+        compiled = n - c["compile"]
+        print(f"{subset:28} {n:5} {c['pass'] / n:6.1%} {compiled / n:8.1%} {c['reject_valid']:9} "
+              f"{c['accept_invalid']:9} {c['timeout'] + c['crash']:6}")
+    n = sum(total.values())
+    if n:
+        print(f"{'TOTAL':28} {n:5} {total['pass'] / n:6.1%} {(n - total['compile']) / n:8.1%} "
+              f"{total['reject_valid']:9} {total['accept_invalid']:9} {total['timeout'] + total['crash']:6}")
+    print(f"({time.time() - start:.0f}s)  most common failures:")
+    for key, count in reasons.most_common(args.show):
+        print(f"{count:5}  {key}\n       e.g. {examples[key]}")
+
+
+if __name__ == "__main__":
+    main()
