@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             + "- ratios in parentheses are engine / llguidance\n\n")
     report = head + body
     print(report)
+    out.with_suffix(".md").write_text(report, encoding="utf-8")
     if args.write_benchmarks:
         path = REPO_ROOT / "BENCHMARKS.md"
         with open(path, "a", encoding="utf-8") as f:
