@@ -14,7 +14,7 @@ from typing import Any
 from grammars.ir import NOTHING, Node, alt, literal, repeat, seq
 from grammars.json_schema.json_strings import json_char, string_literal
 
-__all__ = ["value_ir", "complete_value_ir", "dedupe_values", "json_equal", "Incomplete"]
+__all__ = ["value_ir", "complete_value_ir", "dedupe_values", "json_equal", "hashable", "Incomplete"]
 
 
 class Incomplete(Exception):
@@ -34,14 +34,15 @@ def json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _hashable(v: Any) -> Any:
+def hashable(v: Any) -> Any:
+    """A hashable key equal for JSON-equal values (1 and 1.0 alike, True and 1 apart)."""
     if isinstance(v, bool) or v is None or isinstance(v, str):
         return (type(v).__name__, v)
     if isinstance(v, (int, float)):
         return ("num", v)  # 1 == 1.0 hash alike
     if isinstance(v, list):
-        return ("list", tuple(_hashable(x) for x in v))
-    return ("dict", tuple(sorted((k, _hashable(x)) for k, x in v.items())))
+        return ("list", tuple(hashable(x) for x in v))
+    return ("dict", tuple(sorted((k, hashable(x)) for k, x in v.items())))
 
 
 def dedupe_values(values: list[Any]) -> list[Any]:
@@ -49,7 +50,7 @@ def dedupe_values(values: list[Any]) -> list[Any]:
     seen: set[Any] = set()
     out = []
     for v in values:
-        h = _hashable(v)
+        h = hashable(v)
         if h not in seen:
             seen.add(h)
             out.append(v)
@@ -116,6 +117,3 @@ def complete_value_ir(v: Any, ws: Node, comma: Node, colon: Node) -> Node:
     raise TypeError(f"not a JSON value: {v!r}")
 
 
-def repeat_ws(chars: Node, max_run: int) -> Node:
-    """A bounded whitespace run."""
-    return repeat(chars, 0, max_run)

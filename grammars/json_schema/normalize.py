@@ -18,7 +18,7 @@ from grammars.errors import SchemaError
 from grammars.json_schema.document import Document, Sub
 from grammars.json_schema.numbers import Bound, to_decimal
 from grammars.json_schema.shapes import ALL_TYPES, ArrayPart, Contains, ObjectPart, Shape, meet_types
-from grammars.json_schema.literals import dedupe_values, json_equal
+from grammars.json_schema.literals import hashable, dedupe_values, json_equal
 
 __all__ = ["Normalizer", "CannotNegate"]
 
@@ -53,7 +53,7 @@ class Normalizer:
     """Flattens subschemas of one document into shapes (memoized per subschema)."""
 
     def __init__(self, doc: Document, *, oneof_as_anyof: bool, lenient: bool, note: Callable[[str], None],
-                 valid: Callable[[Any, Sub], bool | None]) -> None:
+                 valid: Callable[..., bool | None]) -> None:
         self.doc = doc
         self.oneof_as_anyof = oneof_as_anyof
         self.lenient = lenient
@@ -62,6 +62,8 @@ class Normalizer:
         self._memo: dict[tuple[int, str], list[Shape]] = {}
         self._active: set[tuple[int, str]] = set()
         self._depth = 0
+        self._enum_sets: dict[int, tuple[set, tuple]] = {}
+        self.last_unsat = ("no value satisfies every subschema", "#")
 
     # ------------------------------------------------------------------ flattening
 
@@ -105,6 +107,7 @@ class Normalizer:
                 return self.flatten(target)
         alternatives: list[Shape] = [self.local_shape(sub)]
         if alternatives[0].empty:
+            self.last_unsat = (alternatives[0].unsat or "no value satisfies it", sub.pointer)
             return []
 
         def conjoin(options: list[Shape]) -> None:
@@ -344,7 +347,7 @@ class Normalizer:
 
     def _negate_shape(self, s: Shape) -> list[Shape]:
         p = s.pointer
-        if s.excluded:
+        if s.excluded or s.non_integer:
             raise CannotNegate()
         if s.nots:
             if len(s.nots) == 1 and s == Shape(pointer=s.pointer, nots=s.nots, neg_raws=s.neg_raws):
@@ -352,9 +355,9 @@ class Normalizer:
             raise CannotNegate()
         out: list[Shape] = []
         if s.types != ALL_TYPES:
-            rest = ALL_TYPES - s.types
+            rest = ALL_TYPES - s.types - ({"number"} if "integer" in s.types else set())
             if "integer" in s.types:
-                raise CannotNegate()  # "a number that is not an integer" has no shape
+                out.append(Shape(pointer=p, types=frozenset({"number"}), non_integer=True))
             if rest:
                 out.append(Shape(pointer=p, types=frozenset(rest)))
 
@@ -483,7 +486,7 @@ class Normalizer:
         """Schemas a property ``name`` must satisfy in ``s`` (None: the property is forbidden)."""
         out: list[Sub] = []
         for part in s.objects:
-            declared = dict(part.properties)
+            declared = part.declared
             if name in declared:
                 out.append(declared[name])
             else:
@@ -502,10 +505,7 @@ class Normalizer:
         """The allowed values when ``s`` lists them (``enum``/``const``), checked against everything."""
         if not s.enums:
             return None
-        candidates = list(s.enums[0])
-        for other in s.enums[1:]:
-            candidates = [v for v in candidates if any(json_equal(v, w) for w in other)]
-        return [v for v in candidates if self.valid_shape(v, s) is True]
+        return [v for v in s.enums[0] if self.valid_shape(v, s) is True]
 
     def valid_shape(self, v: Any, s: Shape) -> bool | None:
         """Whether ``v`` satisfies the conjuncts behind ``s`` (None: cannot tell)."""
@@ -513,9 +513,16 @@ class Normalizer:
             return False
         if any(json_equal(v, x) for x in s.excluded):
             return False
+        key = hashable(v)
+        for values in s.enums:
+            members = self._enum_sets.get(id(values))
+            if members is None:
+                members = self._enum_sets[id(values)] = ({hashable(x) for x in values}, values)
+            if key not in members[0]:
+                return False
         result: bool | None = True
         for raw in s.raws:
-            ok = self.valid(v, raw)
+            ok = self.valid(v, raw, True)
             if ok is False:
                 return False
             if ok is None:

@@ -88,7 +88,7 @@ def _additional_member(t: "Translator", sh: Shape, declared: list[str]) -> Node:
                     subs.append(part.additional)
             if any(s.schema is False for s in subs):
                 continue
-            key_parts = [repeat(ANY_CANONICAL_CHAR)]
+            key_parts = [repeat(t.shared("json-key-char", ANY_CANONICAL_CHAR))]
             for j, (pat, _, i) in enumerate(patterns):
                 where = f"{sh.pointer}/patternProperties"
                 node = t.pattern_ir(pat, where, canonical=True)

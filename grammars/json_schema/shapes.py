@@ -12,6 +12,7 @@ accumulate, and object/array keywords stay per conjunct (``ObjectPart``/``ArrayP
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from decimal import Decimal
 from typing import Any
 
@@ -63,6 +64,10 @@ class ObjectPart:
     patterns: tuple[tuple[str, Sub], ...] = ()
     names: Sub | None = None
 
+    @cached_property
+    def declared(self) -> dict[str, Sub]:
+        return dict(self.properties)
+
     def trivial(self) -> bool:
         return not (self.properties or self.required or self.patterns or self.names) and self.additional is None
 
@@ -94,6 +99,7 @@ class Shape:
     lo: Bound | None = None
     hi: Bound | None = None
     multiples: tuple[Decimal, ...] = ()
+    non_integer: bool = False  # from ``not: {type: integer}``
     # strings
     min_length: int = 0
     max_length: int | None = None
@@ -127,6 +133,7 @@ class Shape:
             lo=tighter_lo(self.lo, other.lo),
             hi=tighter_hi(self.hi, other.hi),
             multiples=tuple(dict.fromkeys(self.multiples + other.multiples)),
+            non_integer=self.non_integer or other.non_integer,
             min_length=max(self.min_length, other.min_length),
             max_length=_min(self.max_length, other.max_length),
             patterns=tuple(dict.fromkeys(self.patterns + other.patterns)),
@@ -156,6 +163,9 @@ class Shape:
         ):
             types -= {"number", "integer"}
             reasons.append(f"the numeric range is empty (minimum {self.lo.value} > maximum {self.hi.value})")
+        if self.non_integer and "integer" in types:
+            types.discard("integer")
+            reasons.append("a value must be both an integer and not an integer")
         if self.max_length is not None and self.min_length > self.max_length:
             types.discard("string")
             reasons.append(f"minLength {self.min_length} > maxLength {self.max_length}")

@@ -23,7 +23,7 @@ from grammars.json_schema.json_strings import ANY_CANONICAL_CHAR, ANY_JSON_CHAR,
 from grammars.json_schema.literals import Incomplete, complete_value_ir, value_ir
 from grammars.json_schema.normalize import Normalizer
 from grammars.json_schema.numbers import (
-    ANY_NUMBER, DIGIT, FRACTION, MINUS, NATURAL, multiple_of_rules, number_ir,
+    ANY_NUMBER, FRACTION, INTEGRAL_FRACTION, MINUS, NATURAL, multiple_of_rules, number_ir,
 )
 from grammars.json_schema.shapes import Shape
 
@@ -62,6 +62,7 @@ class Translator:
         self._taken: set[str] = {"start", "any"}
         self._queue: deque[tuple[str, list[Sub], str]] = deque()
         self._validators: dict[str, Any] = {}
+        self._stripped: dict[int, dict] = {}
         self.norm = Normalizer(self.doc, oneof_as_anyof=options.oneof_as_anyof, lenient=options.lenient,
                                note=self.note, valid=self.valid)
         if options.whitespace == "flexible":
@@ -117,7 +118,7 @@ class Translator:
             name, subs, pointer = self._queue.popleft()
             shapes = self.shapes_of(subs)
             if not shapes:
-                self.unsat(getattr(self.norm, "last_unsat", ("no value satisfies every subschema", pointer))[0], pointer)
+                self.unsat(*self.norm.last_unsat)
             self.rules[name] = alt(*[self.shape_ir(sh) for sh in shapes])
         self.rules["start"] = start if isinstance(start, Ref) else start
         self._check_productive()
@@ -129,15 +130,24 @@ class Translator:
 
     # ------------------------------------------------------------------ validation oracle
 
-    def valid(self, value: Any, sub: Sub) -> bool | None:
-        """Whether ``value`` satisfies ``sub`` per the ``jsonschema`` package (None: cannot tell)."""
+    def valid(self, value: Any, sub: Sub, strip_enum: bool = False) -> bool | None:
+        """Whether ``value`` satisfies ``sub`` per the ``jsonschema`` package (None: cannot tell).
+
+        ``strip_enum``: the caller has checked ``enum``/``const`` already (they are slow to recheck).
+        """
         if sub.schema is True:
             return True
         if sub.schema is False:
             return False
+        schema = sub.schema
+        if strip_enum and ("enum" in schema or "const" in schema):
+            stripped = self._stripped.get(id(schema))
+            if stripped is None:
+                stripped = self._stripped[id(schema)] = {k: v for k, v in schema.items() if k not in ("enum", "const")}
+            schema = stripped
         try:
             validator = self._validator()
-            check = validator.evolve(schema=sub.schema)
+            check = validator.evolve(schema=schema)
             return not any(True for _ in check.iter_errors(value))
         except Exception:  # unresolvable reference, unknown dialect, recursion...
             return None
@@ -210,10 +220,12 @@ class Translator:
         return value_ir(v, self.ws, self.comma, self.colon)
 
     def number_part(self, sh: Shape, integer: bool) -> Node:
-        exponent_free = bool(sh.multiples or sh.excluded)
+        exponent_free = bool(sh.multiples or sh.excluded or sh.non_integer)
         node = number_ir(sh.lo, sh.hi, integer=integer)
         if exponent_free and node == ANY_NUMBER:
             node = _EXPONENT_FREE
+        if sh.non_integer:
+            node = intersect(node, complement(seq(optional(MINUS), NATURAL, INTEGRAL_FRACTION)))
         for m in sh.multiples:
             if integer and m == m.to_integral_value() and m == 1:
                 continue
@@ -229,7 +241,7 @@ class Translator:
 
     def string_body(self, sh: Shape, canonical: bool = False) -> Node:
         """The inside of a JSON string satisfying the string keywords of ``sh``."""
-        char = ANY_CANONICAL_CHAR if canonical else ANY_JSON_CHAR
+        char = self.shared("json-key-char", ANY_CANONICAL_CHAR) if canonical else self.shared("json-char", ANY_JSON_CHAR)
         parts = [repeat(char, sh.min_length, sh.max_length)]
         for pat, where in sh.patterns:
             parts.append(self.pattern_ir(pat, where, canonical))
@@ -276,12 +288,19 @@ class Translator:
 
     # ------------------------------------------------------------------ shared rules
 
+    def shared(self, name: str, node: Node) -> Node:
+        """A reference to a rule holding a big constant node (hashing and walking it once, not per use)."""
+        if name not in self.rules:
+            self.rules[name] = node
+            self._taken.add(name)
+        return ref(name)
+
     def any_value(self) -> Node:
         if "any" not in self.rules:
             self.rules["any"] = NOTHING
             self.rules["any"] = alt(
                 literal("null"), literal("true"), literal("false"), ANY_NUMBER,
-                seq(literal('"'), repeat(ANY_JSON_CHAR), literal('"')),
+                seq(literal('"'), repeat(self.shared("json-char", ANY_JSON_CHAR)), literal('"')),
                 seq(literal("["), self.ws, optional(seq(ref("any"), repeat(seq(self.comma, ref("any"))))), self.ws,
                     literal("]")),
                 seq(literal("{"), self.ws, optional(seq(self._any_member(), repeat(seq(self.comma, self._any_member())))),
@@ -290,7 +309,7 @@ class Translator:
         return ref("any")
 
     def _any_member(self) -> Node:
-        return seq(literal('"'), repeat(ANY_JSON_CHAR), literal('"'), self.colon, ref("any"))
+        return seq(literal('"'), repeat(self.shared("json-char", ANY_JSON_CHAR)), literal('"'), self.colon, ref("any"))
 
     def any_list(self) -> Node:
         return optional(seq(self.any_value(), repeat(seq(self.comma, self.any_value()))))
@@ -329,8 +348,12 @@ class Translator:
 
 def _refs(node: Node, out: set[str]) -> None:
     stack = [node]
+    seen: set[int] = set()
     while stack:
         n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
         if isinstance(n, Ref):
             out.add(n.name)
         elif isinstance(n, (Seq, Alt, And)):
