@@ -1,0 +1,104 @@
+"""The ``constrain`` CLI: bad input fails fast with a clear message, a non-zero exit and no
+output file; good input writes valid JSONL atomically."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from engine.cli import EXIT_BAD_INPUT, main
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+
+def _fails(capsys: pytest.CaptureFixture[str], argv: list[str], message: str, out: Path | None = None) -> None:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == EXIT_BAD_INPUT, err
+    assert re.search(message, err), err
+    if out is not None:
+        assert not out.exists() and not list(out.parent.glob(f".{out.name}.*"))
+
+
+def test_missing_schema_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out.jsonl"
+    _fails(capsys, ["generate", "--json-schema", str(tmp_path / "nope.json"), "--prompt", "x", "--output", str(out)],
+           "JSON Schema file not found", out)
+
+
+def test_missing_input_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _fails(capsys, ["generate", "--regex", "a", "--input", str(tmp_path / "in.jsonl")], "input file not found")
+
+
+def test_schema_that_is_not_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{'type': 'object'}")
+    _fails(capsys, ["compile", "--json-schema", str(bad)], "not valid JSON")
+
+
+def test_invalid_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"type": "objekt"}))
+    _fails(capsys, ["compile", "--json-schema", str(bad)], "does not compile.*objekt")
+
+
+def test_unsatisfiable_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "never.json"
+    bad.write_text(json.dumps({"type": "integer", "minimum": 10, "maximum": 1}))
+    out = tmp_path / "out.jsonl"
+    _fails(capsys, ["generate", "--json-schema", str(bad), "--prompt", "x", "--output", str(out)],
+           "does not compile", out)
+
+
+def test_unknown_model_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out.jsonl"
+    _fails(capsys, ["generate", "--model", str(tmp_path / "no-model"), "--regex", "a", "--prompt", "x",
+                    "--output", str(out)], "model path does not exist", out)
+
+
+def test_model_folder_without_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _fails(capsys, ["compile", "--model", str(tmp_path), "--regex", "a"], "no config.json")
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "--regex", "a", "--choice", "b", "--prompt", "x"],
+    ["generate", "--regex", "a", "--prompt", "x", "--input", "in.jsonl"],
+    ["generate", "--regex", "a"],
+])
+def test_conflicting_or_missing_flags(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_bad_jsonl_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "ok"}\n{"text": "no prompt key"}\n')
+    _fails(capsys, ["generate", "--regex", "a", "--input", str(src)], r"in.jsonl:2")
+
+
+def test_bad_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    _fails(capsys, ["generate", "--regex", "a", "--prompt", "x", "--max-tokens", "0"], "max-tokens")
+
+
+def test_compile_reports_ok(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compile", "--json-schema", "examples/invoice.schema.json"]) == 0
+    assert capsys.readouterr().out.startswith("ok: json schema compiled")
+
+
+def test_generate_jsonl_round_trip(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"prompt": "When did the Berlin wall fall?", "id": 1}) + "\n"
+                   + json.dumps("When was the Eiffel tower finished?") + "\n")
+    out = tmp_path / "out.jsonl"
+    pattern = r"\d{4}-\d{2}-\d{2}"
+    assert main(["generate", "--regex", pattern, "--input", str(src), "--output", str(out), "--max-tokens", "12"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r.get("id") for r in rows] == [1, None]
+    for row in rows:
+        assert row["finish_reason"] == "stop" and row["valid"] is True
+        assert re.fullmatch(pattern, row["text"])
