@@ -59,6 +59,7 @@ class ExprTable:
         self._deriv: dict[int, int] = {}
         self._classes: dict[int, tuple[int, ...]] = {}
         self._live: dict[int, bool] = {}
+        self._search_exhausted = False
         self._rule_ids = {name: i for i, name in enumerate(grammar.rules)}
         self._rule_names = list(grammar.rules)
         self._rule_nodes = list(grammar.rules.values())
@@ -409,6 +410,7 @@ class ExprTable:
     def _search_min(self, e: int) -> float:
         """Breadth-first search for the nearest accepting derivative (intersections, complements)."""
         frontier, seen, depth = [e], {e}, 0
+        self._search_exhausted = False
         while frontier and len(seen) < LIVENESS_BUDGET:
             nxt = []
             for s in frontier:
@@ -420,10 +422,16 @@ class ExprTable:
                         seen.add(n)
                         nxt.append(n)
             frontier, depth = nxt, depth + 1
+        self._search_exhausted = bool(frontier)  # gave up: callers treat the state as live
         return INFINITE
 
     def is_live(self, e: int) -> bool:
-        """Whether some byte string leads from ``e`` to acceptance."""
+        """Whether some byte string leads from ``e`` to acceptance.
+
+        Structural where it can be (a sequence is live when both parts are), so the search for
+        an accepting string only ever runs on the intersection or complement itself, never on
+        the rest of the document around it.
+        """
         if e == NOTHING:
             return False
         if not self._boolean[e]:
@@ -432,19 +440,15 @@ class ExprTable:
         if got is not None:
             return got
         with self.lock:
-            seen, frontier, live = {e}, [e], False
-            while frontier and len(seen) < LIVENESS_BUDGET:
-                s = frontier.pop()
-                if self.nullable(s) or self._live.get(s):
-                    live = True
-                    break
-                for part in self.byte_classes(s):
-                    n = self.derive(s, (part & -part).bit_length() - 1)
-                    if n != NOTHING and n not in seen:
-                        seen.add(n)
-                        frontier.append(n)
+            k, a = self._kind[e], self._args[e]
+            if k == K_SEQ:
+                live = self.is_live(a[0]) and self.is_live(a[1])
+            elif k == K_ALT:
+                live = any(self.is_live(m) for m in a[0])
+            elif k == K_REPEAT:
+                live = a[1] == 0 or self.is_live(a[0])
             else:
-                live = bool(frontier)  # budget exhausted: assume live (see LIVENESS_BUDGET)
+                live = self._search_min(e) != INFINITE or self._search_exhausted
             self._live[e] = live
             return live
 

@@ -27,9 +27,20 @@ __all__ = [
 
 
 class Node:
-    """Base of all IR nodes."""
+    """Base of all IR nodes.
+
+    Hashes are cached: the compiler memoises by node, and a frozen dataclass would otherwise
+    rehash the whole subtree on every lookup (quadratic on big schemas).
+    """
 
     __slots__ = ()
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if h is None:
+            h = hash((type(self).__name__, *(getattr(self, f) for f in self.__match_args__)))
+            object.__setattr__(self, "_hash", h)
+        return h
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +48,8 @@ class Bytes(Node):
     """One byte from a set; ``mask`` has bit ``b`` set when byte ``b`` is allowed (0 = the empty language)."""
 
     mask: int
+    _hash: int | None = field(default=None, init=False, compare=False, repr=False)
+    __hash__ = Node.__hash__
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +57,8 @@ class Seq(Node):
     """Concatenation; ``Seq(())`` is the language holding only the empty string."""
 
     items: tuple[Node, ...]
+    _hash: int | None = field(default=None, init=False, compare=False, repr=False)
+    __hash__ = Node.__hash__
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +66,8 @@ class Alt(Node):
     """Union."""
 
     items: tuple[Node, ...]
+    _hash: int | None = field(default=None, init=False, compare=False, repr=False)
+    __hash__ = Node.__hash__
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +75,8 @@ class And(Node):
     """Intersection: a string must match every item."""
 
     items: tuple[Node, ...]
+    _hash: int | None = field(default=None, init=False, compare=False, repr=False)
+    __hash__ = Node.__hash__
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +84,8 @@ class Not(Node):
     """Complement with respect to all byte strings."""
 
     item: Node
+    _hash: int | None = field(default=None, init=False, compare=False, repr=False)
+    __hash__ = Node.__hash__
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +95,8 @@ class Repeat(Node):
     item: Node
     min: int
     max: int | None
+    _hash: int | None = field(default=None, init=False, compare=False, repr=False)
+    __hash__ = Node.__hash__
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +104,8 @@ class Ref(Node):
     """A reference to a rule of the enclosing ``Grammar`` (this is what makes the IR context-free)."""
 
     name: str
+    _hash: int | None = field(default=None, init=False, compare=False, repr=False)
+    __hash__ = Node.__hash__
 
 
 @dataclass(frozen=True)
