@@ -183,17 +183,22 @@ if HAS_TRITON:
                         flag = one
                         done = one
                     s = nxt
+            # defined on every path: compiled Triton only sees names bound before an `if`
+            trow = b64 * t_stride_b + i * t_stride_k
+            drow = b64 * d_stride_b + i * d_stride_k
+            m_p = tl.full([], float("-inf"), tl.float32)
+            s_p = tl.full([], 1.0, tl.float32)
+            m_q = tl.full([], float("-inf"), tl.float32)
+            s_q = tl.full([], 0.0, tl.float32)
+            best_i = tl.full([], -1, tl.int32)
             if done == 0:
                 tl.store(chain_ptr + b64 * (K + 1) + i, s)
-                trow = b64 * t_stride_b + i * t_stride_k
-                drow = b64 * d_stride_b + i * d_stride_k
                 # --- pass 1: normalisers of p (and q), argmax of p ---
                 mp = tl.full([BLOCK], float("-inf"), tl.float32)
                 sp = tl.zeros([BLOCK], tl.float32)
                 mq = tl.full([BLOCK], float("-inf"), tl.float32)
                 sq = tl.zeros([BLOCK], tl.float32)
                 best = tl.full([], float("-inf"), tl.float32)
-                best_i = tl.full([], -1, tl.int32)
                 for off in tl.range(0, V, BLOCK):
                     offs = off + tl.arange(0, BLOCK)
                     xp = _row_block(tl_ptr, trow, mask_ptr, s, offs, V, W) * inv_t
