@@ -2,12 +2,13 @@
 
 Why per-row parameters in one batched op: continuous batching mixes requests with different
 sampling settings in one step, and a request's output must not depend on who else is in the
-batch. Randomness is therefore a pure function of (request seed, token index): the same
-counter-based uniform the kernels/ sampling kernel draws, so a seeded request reproduces exactly,
-alone or batched, on CPU or GPU.
+batch. Randomness is therefore a pure function of (request seed, draw index), turned into the
+fused kernel's per-row seed, so a seeded request reproduces exactly, alone or batched, on the
+CPU twin or the GPU kernel.
 
-Masks come from constrain's matchers (filled into one bitmask); this module only *applies* them,
-through ``kernels.apply_token_bitmask_inplace`` when available.
+Masks come from constrain's matchers (filled into one bitmask); this module only hands them to
+kernels/: the fused masked sampler reads each row's bitmask row inside the kernel, so masked
+logits are never materialised.
 """
 
 from __future__ import annotations
@@ -21,15 +22,11 @@ import torch
 
 logger = logging.getLogger("constrain")
 
-try:
-    from kernels.apply_bitmask import apply_token_bitmask_inplace as _apply_bitmask
-except ImportError:  # pragma: no cover - kernels/ is part of this repo; kept for partial installs
-    _apply_bitmask = None
+from kernels import apply_token_bitmask_inplace as _apply_bitmask
+from kernels import sample as _fused_sample
 
-try:
-    from kernels._common import uniform_ref as _uniform
-except ImportError:  # pragma: no cover
-    _uniform = None
+_MIX = 0x9E3779B97F4A7C15
+_MASK63 = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -56,58 +53,51 @@ class SamplingParams:
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None) -> None:
-    """Disallowed tokens -> -inf in place, for ``rows`` (None: all rows)."""
+    """Disallowed tokens -> -inf in place, for ``rows`` (None: all rows). Used where the logits
+    must stay materialised (the HF logits processor); the engine samples through the fused path."""
     if rows is not None and rows.numel() == 0:
         return
-    if _apply_bitmask is not None:
-        _apply_bitmask(logits, bitmask, rows)
-        return
-    idx = torch.arange(logits.shape[0], device=logits.device) if rows is None else rows
-    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
-    bits = ((bitmask[idx].unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, : logits.shape[1]]
-    if bits.shape[1] < logits.shape[1]:  # columns the bitmask does not cover are never allowed
-        bits = torch.nn.functional.pad(bits, (0, logits.shape[1] - bits.shape[1]), value=False)
-    logits[idx] = logits[idx].masked_fill(~bits, float("-inf"))
+    _apply_bitmask(logits, bitmask, rows)
 
 
-def _uniforms(seeds: Sequence[int], counters: Sequence[int], device: torch.device) -> torch.Tensor:
-    s = torch.as_tensor(list(seeds), dtype=torch.int64)
-    c = torch.as_tensor(list(counters), dtype=torch.int64)
-    if _uniform is not None:
-        return _uniform(s, c).to(device)
-    gens = [torch.Generator().manual_seed((int(a) * 1_000_003 + int(b)) & (2**63 - 1)) for a, b in zip(s, c)]
-    return torch.stack([torch.rand((), generator=g) for g in gens]).clamp_(1e-7, 1 - 1e-7).to(device)
+def step_seed(seed: int, draw: int) -> int:
+    """The kernel's per-step seed for draw ``draw`` of a request seeded ``seed``.
+
+    The fused sampler's randomness is a pure function of (seed, logits); deriving a fresh seed
+    per draw keeps a request reproducible, and independent of its batch neighbours.
+    """
+    return ((seed * _MIX) ^ (draw * 0xBF58476D1CE4E5B9 + 1)) & _MASK63
 
 
 def sample(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     seeds: Sequence[int],
-    counters: Sequence[int],
+    draws: Sequence[int],
+    bitmask: torch.Tensor | None = None,
+    mask_rows: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """One token id per row of (already masked) float logits ``(rows, vocab)``.
+    """One token per row, masked and filtered in one fused pass (kernels.sample).
 
-    Greedy rows take the argmax; the others are filtered (top-k, then top-p over the temperature
-    -scaled distribution) and sampled by inverse CDF with a uniform from (seed, counter).
+    ``bitmask`` rows apply to the batch rows listed in ``mask_rows`` (row i uses bitmask row i);
+    other rows are unconstrained. Greedy rows (temperature 0) take the masked argmax. A row whose
+    mask allows nothing comes back as -1, which the scheduler reports as a bug.
     """
-    out = logits.argmax(dim=-1)
-    hot = [i for i, p in enumerate(params) if p.temperature > 0]
-    if not hot:
-        return out
+    b = logits.shape[0]
     dev = logits.device
-    idx = torch.as_tensor(hot, device=dev)
-    temps = torch.as_tensor([params[i].temperature for i in hot], device=dev, dtype=logits.dtype)
-    scaled = logits[idx] / temps.unsqueeze(1)
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    ranks = torch.arange(sorted_logits.shape[1], device=dev).unsqueeze(0)
-    top_k = torch.as_tensor([params[i].top_k or sorted_logits.shape[1] for i in hot], device=dev)
-    sorted_logits = sorted_logits.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
-    probs = torch.softmax(sorted_logits, dim=-1)
-    top_p = torch.as_tensor([params[i].top_p for i in hot], device=dev, dtype=probs.dtype)
-    before = probs.cumsum(dim=-1) - probs  # mass strictly before each rank; rank 0 always kept
-    probs = probs.masked_fill(before >= top_p.unsqueeze(1), 0.0)
-    cdf = probs.cumsum(dim=-1)
-    u = _uniforms([seeds[i] for i in hot], [counters[i] for i in hot], dev).to(cdf.dtype)
-    pick = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1)).clamp_(max=cdf.shape[1] - 1)
-    out[idx] = order.gather(1, pick).squeeze(1)
-    return out
+    index = None
+    if bitmask is not None and mask_rows:
+        idx = [-1] * b
+        for r in mask_rows:
+            idx[r] = r
+        index = torch.as_tensor(idx, dtype=torch.int32, device=dev)
+    else:
+        bitmask = None
+    temperature = torch.as_tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
+    filtered = any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params)
+    top_k = torch.as_tensor([p.top_k for p in params], dtype=torch.int32, device=dev) if filtered else None
+    top_p = torch.as_tensor([p.top_p for p in params], dtype=torch.float32, device=dev) if filtered else None
+    step = torch.as_tensor([step_seed(s, d) for s, d in zip(seeds, draws)], dtype=torch.int64, device=dev)
+    tokens, _ = _fused_sample(logits, bitmask, index, temperature=temperature, top_k=top_k, top_p=top_p,
+                              seeds=step)
+    return tokens

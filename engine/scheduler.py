@@ -3,7 +3,7 @@ constraint, sampling parameters, stop ids and token budget.
 
 One step = (1) forward the tokens each running sequence appended last step (one sampled token
 plus any forced ones) and prefill newly admitted prompts, (2) fill one bitmask row per
-constrained sequence from its ``Matcher`` and apply the bitmask, (3) sample, (4) accept into the
+constrained sequence from its ``Matcher``, (3) sample under the masks (fused kernel), (4) accept into the
 matchers, extend with forced text, retire finished sequences and compact the KV slots.
 
 Forced text: when the constraint admits exactly one continuation (``find_jump_forward_bytes``),
@@ -25,7 +25,7 @@ import torch
 
 from constrain import Matcher, Vocabulary, allocate_token_bitmask
 from engine.runner import ModelRunner
-from engine.sampler import apply_bitmask, sample
+from engine.sampler import sample
 from engine.types import GenerationRequest, GenerationResult
 
 logger = logging.getLogger("constrain")
@@ -124,13 +124,13 @@ class Scheduler:
             s.pending = []
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)
         rows = [i for i, s in enumerate(batch) if s.matcher is not None]
+        mask = None
         if rows:
             for i in rows:
                 self._fill_row(batch[i], i)
             mask = self._bitmask[: len(batch)].to(logits.device, non_blocking=True)
-            apply_bitmask(logits, mask, torch.as_tensor(rows, device=logits.device))
         tokens = sample(logits, [s.request.sampling for s in batch], [s.seed for s in batch],
-                        [s.draws for s in batch]).tolist()
+                        [s.draws for s in batch], mask, rows).tolist()
         for s, t in zip(batch, tokens):
             self._advance(s, int(t))
         self.running = batch
