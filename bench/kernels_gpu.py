@@ -336,7 +336,7 @@ def main() -> None:
     args = ap.parse_args()
     only = set(args.only.split(","))
     g = torch.Generator(device=DEV).manual_seed(0)
-    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {__import__("triton").__version__} "
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {__import__('triton').__version__} "
           f"commit {os.environ.get('COMMIT', '?')}", flush=True)
     try:
         import xgrammar as xgr
