@@ -158,17 +158,23 @@ class Normalizer:
                     present = Shape(pointer=sub.pointer, objects=(ObjectPart(required=(name,)),))
                     then = self._product([present], self.flatten(doc.child(sub, kw, name)), sub)
                 conjoin([absent] + then)
+        if "unevaluatedProperties" in s or "unevaluatedItems" in s:
+            alternatives = self._unevaluated(sub, alternatives)
         return alternatives
 
     def _dynamic_target(self, sub: Sub) -> Sub:
+        """A ``$dynamicRef`` resolved statically: exact unless several dynamic anchors share its name."""
         ref = sub.schema["$dynamicRef"]
+        target = self.doc.resolve(ref, sub)
         name = ref.split("#", 1)[-1]
+        if not (isinstance(target.schema, dict) and target.schema.get("$dynamicAnchor") == name):
+            return target  # behaves like $ref
         found = [t for (_, a), t in self.doc.anchors.items() if a == name and isinstance(t.schema, dict)
                  and t.schema.get("$dynamicAnchor") == name]
         if len(found) > 1:
             raise SchemaError(f"'$dynamicRef' {ref!r} with several dynamic anchors is not supported",
                               sub.pointer + "/$dynamicRef", "$dynamicRef")
-        return found[0] if found else self.doc.resolve(ref, sub)
+        return target
 
     def _product(self, left: list[Shape], right: list[Shape], sub: Sub) -> list[Shape]:
         out: list[Shape] = []
@@ -262,26 +268,38 @@ class Normalizer:
             kw["contains"] = (Contains(doc.child(sub, "contains"), lo_c, hi_c),)
         if s.get("uniqueItems") is True:
             kw["unique"] = (p + "/uniqueItems",)
-        for k in ("unevaluatedProperties", "unevaluatedItems"):
-            if k in s and s[k] is not True and s[k] != {}:
-                self._unevaluated(sub, k, kw)
         return Shape(**kw).check()
 
-    def _unevaluated(self, sub: Sub, k: str, kw: dict) -> None:
-        """``unevaluated*`` equals ``additional*``/``items`` when no applicator sits beside it."""
+    def _unevaluated(self, sub: Sub, shapes: list[Shape]) -> list[Shape]:
+        """``unevaluated*`` as a plain conjunct, per alternative: what its own scope did not evaluate.
+
+        In one alternative the evaluated keys are those declared or pattern-matched by the parts
+        that came from this subschema (negations annotate nothing), so the keyword becomes an
+        ``additionalProperties`` next to exactly those names (and likewise for items).
+        """
         s = sub.schema
-        applicators = {"allOf", "anyOf", "oneOf", "$ref", "$dynamicRef", "if", "not", "dependentSchemas", "dependencies"}
-        if applicators & s.keys():
-            raise SchemaError(f"'{k}' next to applicators ({', '.join(sorted(applicators & s.keys()))}) is not supported",
-                              sub.pointer + "/" + k, k)
-        if k == "unevaluatedProperties" and "additionalProperties" not in s:
-            obj = kw.get("objects", (ObjectPart(),))[0]
-            kw["objects"] = (replace(obj, additional=self.doc.child(sub, k)),)
-        elif k == "unevaluatedItems" and not ("items" in s and not isinstance(s["items"], list)):
-            arr = kw.get("arrays", (ArrayPart(),))[0]
-            if isinstance(s.get("items"), list) and "additionalItems" in s:
-                return
-            kw["arrays"] = (replace(arr, items=self.doc.child(sub, k)),)
+        out = []
+        for shape in shapes:
+            if "unevaluatedProperties" in s:
+                x = self.doc.child(sub, "unevaluatedProperties")
+                parts = [p for p in shape.objects if p.annotates]
+                if not any(p.additional is not None for p in parts):
+                    true = Sub(True, sub.base, sub.pointer)
+                    names = tuple(dict.fromkeys(n for p in parts for n, _ in p.properties))
+                    pats = tuple(dict.fromkeys(pat for p in parts for pat, _ in p.patterns))
+                    part = ObjectPart(tuple((n, true) for n in names), (), x, tuple((q, true) for q in pats))
+                    shape = replace(shape, objects=shape.objects + (part,))
+            if "unevaluatedItems" in s:
+                x = self.doc.child(sub, "unevaluatedItems")
+                if not any(a.items is not None for a in shape.arrays if a.annotates):
+                    if shape.contains:
+                        raise SchemaError("'unevaluatedItems' next to 'contains' is not supported",
+                                          sub.pointer + "/unevaluatedItems", "unevaluatedItems")
+                    n = max((len(a.prefix) for a in shape.arrays if a.annotates), default=0)
+                    true = Sub(True, sub.base, sub.pointer)
+                    shape = replace(shape, arrays=shape.arrays + (ArrayPart((true,) * n, x),))
+            out.append(shape)
+        return out
 
     def _object_part(self, sub: Sub) -> ObjectPart:
         s, p, doc = sub.schema, sub.pointer, self.doc
@@ -299,8 +317,6 @@ class Normalizer:
                 raise SchemaError("'required' must be an array of property names", p + "/required", "required")
             required = tuple(dict.fromkeys(r))
         additional = doc.child(sub, "additionalProperties") if "additionalProperties" in s else None
-        if additional is not None and additional.schema is True:
-            additional = None
         patterns: tuple = ()
         if "patternProperties" in s:
             if not isinstance(s["patternProperties"], dict):
@@ -325,8 +341,6 @@ class Normalizer:
                 items = doc.child(sub, "additionalItems")
         elif "items" in s:
             items = doc.child(sub, "items")
-        if items is not None and items.schema is True:
-            items = None
         if not prefix and items is None:
             return None
         return ArrayPart(prefix, items)
@@ -391,13 +405,13 @@ class Normalizer:
         for part in s.objects:
             for name in part.required:
                 false = Sub(False, "", p)
-                violation({"object"}, objects=(ObjectPart(properties=((name, false),)),))
+                violation({"object"}, objects=(ObjectPart(properties=((name, false),), annotates=False),))
             for name, value in part.properties:
                 if value.schema is True or value.schema == {}:
                     continue
                 neg = Sub({"not": value.schema}, value.base, value.pointer)
-                violation({"object"}, objects=(ObjectPart(properties=((name, neg),), required=(name,)),))
-            if part.additional is not None or part.patterns or part.names is not None:
+                violation({"object"}, objects=(ObjectPart(properties=((name, neg),), required=(name,), annotates=False),))
+            if (part.additional is not None and part.additional.schema not in (True, {})) or part.patterns or part.names is not None:
                 raise CannotNegate()
         if s.min_items:
             violation({"array"}, max_items=s.min_items - 1)
@@ -407,7 +421,7 @@ class Normalizer:
             if c.min != 1 or c.max is not None:
                 raise CannotNegate()
             neg = Sub({"not": c.sub.schema}, c.sub.base, c.sub.pointer)
-            violation({"array"}, arrays=(ArrayPart(items=neg),))
+            violation({"array"}, arrays=(ArrayPart(items=neg, annotates=False),))
         if s.arrays or s.unique:
             raise CannotNegate()
         return [x for x in out if not x.empty]
@@ -487,14 +501,12 @@ class Normalizer:
         out: list[Sub] = []
         for part in s.objects:
             declared = part.declared
+            matched = [sub for pat, sub in part.patterns if _pattern_search(pat, name)]
+            out += matched
             if name in declared:
                 out.append(declared[name])
-            else:
-                matched = [sub for pat, sub in part.patterns if _pattern_search(pat, name)]
-                if matched:
-                    out += matched
-                elif part.additional is not None:
-                    out.append(part.additional)
+            elif not matched and part.additional is not None:
+                out.append(part.additional)
         if any(x.schema is False for x in out):
             return None
         return out

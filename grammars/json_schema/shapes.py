@@ -63,6 +63,7 @@ class ObjectPart:
     additional: Sub | None = None  # None: any value
     patterns: tuple[tuple[str, Sub], ...] = ()
     names: Sub | None = None
+    annotates: bool = True  # False for parts made by negation: they evaluate no property
 
     @cached_property
     def declared(self) -> dict[str, Sub]:
@@ -78,6 +79,7 @@ class ArrayPart:
 
     prefix: tuple[Sub, ...] = ()
     items: Sub | None = None  # None: any value beyond the prefix
+    annotates: bool = True
 
 
 @dataclass(frozen=True)
