@@ -175,9 +175,12 @@ def bench_apply_sweep(g, rows):
         logits = [torch.randn(b, v, device=DEV, generator=g) for _ in range(nb)]
         bm = rand_bitmask(b, v, g)
         res = {}
-        for blk, nw in ((1024, 4), (2048, 4), (4096, 4), (4096, 8), (8192, 8), (2048, 8)):
-            fn = lambda i: apply_token_bitmask_inplace(logits[i], bm, block=blk, num_warps=nw)  # noqa: E731
-            res[f"{blk}/{nw}"] = graph_time_us(fn, nb)
+        sparse = torch.where(torch.rand(bm.shape, device=DEV, generator=g) < 0.02, bm, torch.zeros_like(bm))
+        for blk, nw, rm in ((1024, 4, True), (2048, 4, True), (4096, 8, True), (1024, 4, False), (2048, 4, False)):
+            fn = lambda i: apply_token_bitmask_inplace(logits[i], bm, block=blk, num_warps=nw, read_mixed=rm)  # noqa: E731
+            res[f"{blk}/{nw}/{'rw' if rm else 'w'}"] = graph_time_us(fn, nb)
+            fn = lambda i: apply_token_bitmask_inplace(logits[i], sparse, block=blk, num_warps=nw, read_mixed=rm)  # noqa: E731
+            res[f"sparse {blk}/{nw}/{'rw' if rm else 'w'}"] = graph_time_us(fn, nb)
         r = dict(section="apply_sweep", batch=b, vocab=v, **res)
         rows.append(r)
         print(json.dumps(r), flush=True)

@@ -190,33 +190,38 @@ if HAS_TRITON:
             sample = sample & (~filt)
         scale = 1.4426950408889634 / tl.where(t > 0, t, 1.0)
         key = _row_key(tl.load(seed_ptr + b))
-        best = tl.full([], float("-inf"), tl.float32)
-        best_i = tl.full([], -1, tl.int32)
-        gbest = tl.full([], float("-inf"), tl.float32)
-        gbest_i = tl.full([], -1, tl.int32)
+        # per-lane running winners, reduced once at the end: no block reduction per iteration
+        acc = tl.full([BLOCK], float("-inf"), tl.float32)
+        acc_i = tl.full([BLOCK], 0x7FFFFFFF, tl.int32)
+        gacc = tl.full([BLOCK], float("-inf"), tl.float32)
+        gacc_i = tl.full([BLOCK], 0x7FFFFFFF, tl.int32)
         start = c * CHUNK
         end = tl.minimum(start + CHUNK, V)
         for off in tl.range(start, end, BLOCK):
             offs = off + tl.arange(0, BLOCK)
             x, ok = _masked_logits(logits_ptr, lrow, mask_ptr, mrow, offs, V, W, HAS_MASK)
-            bm = tl.max(x, 0)
-            bi = tl.argmax(x, 0, tie_break_left=True)
-            upd = bm > best
-            best_i = tl.where(upd, off + bi, best_i)
-            best = tl.where(upd, bm, best)
+            upd = x > acc
+            acc = tl.where(upd, x, acc)
+            acc_i = tl.where(upd, offs, acc_i)
             if sample:
                 g = x * scale - tl.log2(-tl.log2(_uniform(key, offs)))
-                g = tl.where(x > float("-inf"), g, float("-inf"))
-                gm = tl.max(g, 0)
-                gi = tl.argmax(g, 0, tie_break_left=True)
-                gupd = gm > gbest
-                gbest_i = tl.where(gupd, off + gi, gbest_i)
-                gbest = tl.where(gupd, gm, gbest)
+                gupd = (x > float("-inf")) & (g > gacc)
+                gacc = tl.where(gupd, g, gacc)
+                gacc_i = tl.where(gupd, offs, gacc_i)
+        best, best_i = _lane_argmax(acc, acc_i)
+        gbest, gbest_i = _lane_argmax(gacc, gacc_i)
         o = b.to(tl.int64) * S + c
         tl.store(pmax_ptr + o, best)
         tl.store(pidx_ptr + o, best_i)
         tl.store(gsc_ptr + o, gbest)
         tl.store(gidx_ptr + o, gbest_i)
+
+    @triton.jit
+    def _lane_argmax(acc, acc_i):
+        """Max over lanes and the smallest index holding it (-1 when every lane is -inf)."""
+        best = tl.max(acc, 0)
+        best_i = tl.min(tl.where(acc == best, acc_i, 0x7FFFFFFF), 0)
+        return best, tl.where(best > float("-inf"), best_i, -1)
 
     @triton.jit
     def _row_max(pmax_ptr, b, S, S_POW2: tl.constexpr):
@@ -304,8 +309,8 @@ if HAS_TRITON:
             inv_t = 1.0 / t
             thr = tl.load(thr_ptr + b)
             key = _row_key(tl.load(seed_ptr + b))
-            gbest = tl.full([], float("-inf"), tl.float32)
-            gbest_i = tl.full([], -1, tl.int32)
+            gacc = tl.full([BLOCK], float("-inf"), tl.float32)
+            gacc_i = tl.full([BLOCK], 0x7FFFFFFF, tl.int32)
             start = c * CHUNK
             end = tl.minimum(start + CHUNK, V)
             for off in tl.range(start, end, BLOCK):
@@ -314,12 +319,10 @@ if HAS_TRITON:
                 z, u = _keys(x, ok, m, inv_t)
                 keep = ok & (u.to(tl.int64) <= thr) & (z > float("-inf"))
                 g = z * 1.4426950408889634 - tl.log2(-tl.log2(_uniform(key, offs)))
-                g = tl.where(keep, g, float("-inf"))
-                gm = tl.max(g, 0)
-                gi = tl.argmax(g, 0, tie_break_left=True)
-                gupd = gm > gbest
-                gbest_i = tl.where(gupd, off + gi, gbest_i)
-                gbest = tl.where(gupd, gm, gbest)
+                gupd = keep & (g > gacc)
+                gacc = tl.where(gupd, g, gacc)
+                gacc_i = tl.where(gupd, offs, gacc_i)
+            gbest, gbest_i = _lane_argmax(gacc, gacc_i)
             o = b.to(tl.int64) * S + c
             tl.store(gsc_ptr + o, gbest)
             tl.store(gidx_ptr + o, gbest_i)
