@@ -13,9 +13,10 @@ the best of the chunks' winners. Filters are exact thresholds, not sorts:
             (top-p applies to the top-k-renormalised distribution, as HF and vLLM do)
     U_minp: bits(-log(min_p))                          (p >= min_p * p_max)
 
-U is found by a 16-way search over the 31-bit key space (about 8 passes over the row) inside a
-one-program-per-row kernel; it runs only when some row has a filter. Chain: stats (max, argmax,
-unfiltered Gumbel winner per chunk) -> [threshold -> filtered Gumbel winner] -> finalize.
+U is found digit by digit (radix 16, 8 fixed passes per search, each pass a (rows, chunks) grid
+with partial counts or masses reduced in a fixed order, so results are deterministic); it runs
+only when some filter is given. Chain: stats (max, argmax, unfiltered Gumbel winner per chunk) ->
+[top-k search -> top-k mass -> top-p search -> filtered Gumbel winner] -> finalize.
 
 Never selects a masked token: NaN logits count as masked, +inf is clamped to the float max, and
 a row whose allowed logits are all -inf/NaN (or with no allowed token) is flagged and gets -1.
@@ -230,67 +231,81 @@ if HAS_TRITON:
         return tl.max(pm, 0)
 
     @triton.jit
-    def _threshold_kernel(
+    def _radix_pass_kernel(
         logits_ptr, l_stride, mask_ptr, midx_ptr, W,
-        temp_ptr, topk_ptr, topp_ptr, minp_ptr,
-        pmax_ptr, thr_ptr, V, S,
-        S_POW2: tl.constexpr, HAS_MASK: tl.constexpr, HAS_MIDX: tl.constexpr, BLOCK: tl.constexpr,
+        temp_ptr, param_ptr, pmax_ptr, pref_ptr, part_ptr, V, CHUNK, S, shift,
+        S_POW2: tl.constexpr, MODE: tl.constexpr,
+        HAS_MASK: tl.constexpr, HAS_MIDX: tl.constexpr, BLOCK: tl.constexpr,
     ):
+        """One radix-16 digit of a threshold search, one vocabulary chunk: partial f(cand_j).
+
+        MODE 0: f = #{u <= cand} (top-k); 1: f = mass{u <= cand} (top-p); 2: mass{u <= pref}
+        (the top-k set's total mass, which top-p renormalises by).
+        """
         b = tl.program_id(0)
-        lrow, mrow = _row_setup(b, l_stride, midx_ptr, HAS_MIDX)
+        c = tl.program_id(1)
         t = tl.load(temp_ptr + b).to(tl.float32)
-        k = tl.load(topk_ptr + b).to(tl.int32)
-        p = tl.load(topp_ptr + b).to(tl.float32)
-        mp = tl.load(minp_ptr + b).to(tl.float32)
+        if MODE == 0:
+            active = (t > 0) & (tl.load(param_ptr + b) > 0)
+        else:
+            active = (t > 0) & (tl.load(param_ptr + b) < 1.0)
         m = _row_max(pmax_ptr, b, S, S_POW2)
-        inv_t = 1.0 / tl.where(t > 0, t, 1.0)
-        j = tl.arange(0, 16).to(tl.int64)
-        hi = tl.full([], 0x7FFFFFFF, tl.int64)
-        active = (t > 0) & (m > float("-inf"))
-        if active & (k > 0):
-            lo = tl.full([], 0, tl.int64)
-            while lo < hi:
-                cand = lo + ((hi - lo) * j) // 16
-                cnt = tl.zeros([16], tl.int32)
-                for off in tl.range(0, V, BLOCK):
-                    offs = off + tl.arange(0, BLOCK)
-                    x, ok = _masked_logits(logits_ptr, lrow, mask_ptr, mrow, offs, V, W, HAS_MASK)
-                    z, u = _keys(x, ok, m, inv_t)
-                    inside = ok[:, None] & (u.to(tl.int64)[:, None] <= cand[None, :])
-                    cnt += tl.sum(inside.to(tl.int32), axis=0)
-                ge = cnt >= k
-                new_hi = tl.min(tl.where(ge, cand, hi), 0)
-                lo = tl.max(tl.where(ge, lo, cand + 1), 0)
-                hi = new_hi
-        if active & (p < 1.0):
-            total = tl.zeros([BLOCK], tl.float32)
-            for off in tl.range(0, V, BLOCK):
+        if active & (m > float("-inf")):
+            lrow, mrow = _row_setup(b, l_stride, midx_ptr, HAS_MIDX)
+            inv_t = 1.0 / t
+            pref = tl.load(pref_ptr + b)
+            j = tl.arange(0, 16).to(tl.int64)
+            if MODE == 2:
+                cand = pref + 0 * j
+            else:
+                cand = pref + ((j + 1) << shift) - 1
+            if MODE == 0:
+                acc = tl.zeros([16], tl.int32)
+            else:
+                acc = tl.zeros([16], tl.float32)
+            start = c * CHUNK
+            end = tl.minimum(start + CHUNK, V)
+            for off in tl.range(start, end, BLOCK):
                 offs = off + tl.arange(0, BLOCK)
                 x, ok = _masked_logits(logits_ptr, lrow, mask_ptr, mrow, offs, V, W, HAS_MASK)
                 z, u = _keys(x, ok, m, inv_t)
-                e = tl.where(ok & (u.to(tl.int64) <= hi), tl.exp(z), 0.0)
-                total += e
-            target = p * tl.sum(total, 0)
-            lo = tl.full([], 0, tl.int64)
-            while lo < hi:
-                cand = lo + ((hi - lo) * j) // 16
-                mass = tl.zeros([16], tl.float32)
-                for off in tl.range(0, V, BLOCK):
-                    offs = off + tl.arange(0, BLOCK)
-                    x, ok = _masked_logits(logits_ptr, lrow, mask_ptr, mrow, offs, V, W, HAS_MASK)
-                    z, u = _keys(x, ok, m, inv_t)
+                inside = ok[:, None] & (u.to(tl.int64)[:, None] <= cand[None, :])
+                if MODE == 0:
+                    acc += tl.sum(inside.to(tl.int32), axis=0)
+                else:
                     e = tl.where(ok, tl.exp(z), 0.0)
-                    inside = ok[:, None] & (u.to(tl.int64)[:, None] <= cand[None, :])
-                    mass += tl.sum(tl.where(inside, e[:, None], 0.0), axis=0)
-                ge = mass >= target
-                new_hi = tl.min(tl.where(ge, cand, hi), 0)
-                lo = tl.max(tl.where(ge, lo, cand + 1), 0)
-                hi = new_hi
-        if active & (mp > 0.0):
-            lm = -tl.log(tl.minimum(mp, 1.0))
-            um = (lm.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
-            hi = tl.minimum(hi, um)
-        tl.store(thr_ptr + b, hi)
+                    acc += tl.sum(tl.where(inside, e[:, None], 0.0), axis=0)
+            tl.store(part_ptr + (b.to(tl.int64) * S + c) * 16 + j, acc.to(part_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _radix_update_kernel(
+        temp_ptr, param_ptr, pmax_ptr, pref_ptr, part_ptr, target_ptr, S, shift,
+        S_POW2: tl.constexpr, MODE: tl.constexpr,
+    ):
+        """Sum a pass's partials in a fixed order (deterministic) and fix one digit of the key."""
+        b = tl.program_id(0)
+        t = tl.load(temp_ptr + b).to(tl.float32)
+        param = tl.load(param_ptr + b)
+        if MODE == 0:
+            active = (t > 0) & (param > 0)
+        else:
+            active = (t > 0) & (param < 1.0)
+        m = _row_max(pmax_ptr, b, S, S_POW2)
+        if active & (m > float("-inf")):
+            r = tl.arange(0, S_POW2)
+            j = tl.arange(0, 16)
+            tile = tl.load(part_ptr + (b.to(tl.int64) * S + r[:, None]) * 16 + j[None, :],
+                           mask=(r < S)[:, None], other=0)
+            tot = tl.sum(tile, axis=0)
+            if MODE == 2:
+                tl.store(target_ptr + b, param.to(tl.float32) * tl.max(tot, 0))
+            else:
+                if MODE == 0:
+                    ge = tot >= param
+                else:
+                    ge = tot >= tl.load(target_ptr + b)
+                jsel = tl.min(tl.where(ge, j, 15), 0)
+                tl.store(pref_ptr + b, tl.load(pref_ptr + b) + (jsel.to(tl.int64) << shift))
 
     @triton.jit
     def _filtered_kernel(
@@ -357,6 +372,43 @@ def _split(b: int, v: int, block: int) -> tuple[int, int]:
     return per * block, triton.cdiv(n_blocks, per)
 
 
+def _thresholds(logits, mask_arg, midx_arg, w, temperature, top_k, top_p, min_p, pmax, v, chunk, s, s_pow2, common):
+    """Per-row key threshold U: 8 radix-16 passes for top-k, 1 + 8 for top-p, min-p in closed form.
+
+    Every pass is a (rows, chunks) kernel plus a per-row update, so a single row still spreads
+    over the whole card, and the fixed pass count keeps the chain graph-capturable.
+    """
+    b = logits.shape[0]
+    dev = logits.device
+    big = torch.full((b,), KEY_NONE, dtype=torch.int64, device=dev)
+    args = (logits, logits.stride(0), mask_arg, midx_arg, w, temperature)
+    grid = (b, s)
+    radix = dict(common, BLOCK=min(256, common["BLOCK"]))  # (BLOCK, 16) tiles: keep them small
+
+    def search(param, mode, pref, part, target):
+        for d in range(8):
+            shift = 28 - 4 * d
+            _radix_pass_kernel[grid](*args, param, pmax, pref, part, v, chunk, s, shift,
+                                     S_POW2=s_pow2, MODE=mode, num_warps=4, **radix)
+            _radix_update_kernel[(b,)](temperature, param, pmax, pref, part, target, s, shift,
+                                       S_POW2=s_pow2, MODE=mode, num_warps=4)
+
+    uk = torch.zeros(b, dtype=torch.int64, device=dev)
+    search(top_k, 0, uk, torch.empty(b, s, 16, dtype=torch.int32, device=dev), pmax)
+    uk = torch.where(top_k > 0, uk, big)
+    up = torch.zeros(b, dtype=torch.int64, device=dev)
+    part = torch.empty(b, s, 16, dtype=torch.float32, device=dev)
+    target = torch.empty(b, dtype=torch.float32, device=dev)
+    _radix_pass_kernel[grid](*args, top_p, pmax, uk, part, v, chunk, s, 0,
+                             S_POW2=s_pow2, MODE=2, num_warps=4, **radix)
+    _radix_update_kernel[(b,)](temperature, top_p, pmax, uk, part, target, s, 0, S_POW2=s_pow2, MODE=2, num_warps=4)
+    search(top_p, 1, up, part, target)
+    up = torch.where(top_p < 1.0, up, big)
+    lm = -torch.log(min_p.float().clamp(min=1e-38, max=1.0))
+    um = torch.where(min_p > 0, (lm.view(torch.int32).to(torch.int64) & KEY_NONE), big)
+    return torch.minimum(torch.minimum(uk, up), um)
+
+
 def sample(
     logits: torch.Tensor,
     masks: torch.Tensor | None = None,
@@ -406,12 +458,8 @@ def sample(
         HAS_FILTERS=has_filters, num_warps=4, **common,
     )
     if has_filters:
-        thr = torch.empty(b, dtype=torch.int64, device=dev)
-        _threshold_kernel[(b,)](
-            logits, logits.stride(0), mask_arg, midx_arg, w,
-            temperature, top_k, top_p, min_p, pmax, thr, v, s,
-            S_POW2=s_pow2, num_warps=8, **common,
-        )
+        thr = _thresholds(logits, mask_arg, midx_arg, w, temperature, top_k, top_p, min_p,
+                          pmax, v, chunk, s, s_pow2, common)
         _filtered_kernel[(b, s)](
             logits, logits.stride(0), mask_arg, midx_arg, w,
             temperature, seeds, top_k, top_p, min_p,
