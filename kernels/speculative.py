@@ -145,7 +145,7 @@ if HAS_TRITON:
     @triton.jit
     def _verify_kernel(
         tl_ptr, t_stride_b, t_stride_k, dl_ptr, d_stride_b, d_stride_k, dtok_ptr, dtok_stride,
-        mask_ptr, W, keys_ptr, values_ptr, present_ptr, cap,
+        mask_ptr, W, keys_ptr, values_ptr, present_ptr, cap, n_states,
         states_ptr, temp_ptr, seed_ptr,
         out_ptr, nout_ptr, chain_ptr, flag_ptr,
         V, K,
@@ -178,7 +178,7 @@ if HAS_TRITON:
                         vv = tl.load(values_ptr + slot)
                         nxt = tl.where(kk == hkey, vv, nxt)
                         slot = (slot + 1) & (cap - 1)
-                    pres = tl.load(present_ptr + tl.maximum(nxt, 0))
+                    pres = tl.load(present_ptr + tl.maximum(nxt, 0), mask=nxt < n_states, other=0)
                     if (nxt < 0) | (pres == 0):
                         flag = one
                         done = one
@@ -332,12 +332,13 @@ def verify_draft(
     flags = torch.empty(b, dtype=torch.int8, device=dev)
     if has_table:
         st = states.to(device=dev, dtype=torch.int32).contiguous()
-        tabs = (table.masks, table.words, table.keys, table.values, table.present, table.transition_capacity)
+        tabs = (table.masks, table.words, table.keys, table.values, table.present, table.transition_capacity,
+                table.state_capacity)
     else:
         st = torch.full((b,), -1, dtype=torch.int32, device=dev)
         dummy = torch.zeros(1, dtype=torch.int32, device=dev)
         tabs = (dummy, 1, torch.full((1,), -1, dtype=torch.int64, device=dev), dummy,
-                torch.zeros(1, dtype=torch.int8, device=dev), 1)
+                torch.zeros(1, dtype=torch.int8, device=dev), 1, 1)
     _verify_kernel[(b,)](
         target_logits, target_logits.stride(0), target_logits.stride(1),
         draft_logits, draft_logits.stride(0), draft_logits.stride(1),

@@ -65,7 +65,8 @@ def advance_ref(
         hit = (keys[slot] == key) & ~found
         nxt = torch.where(hit, values[slot], nxt)
         found |= hit
-    ok = found & (present[nxt.clamp(min=0).long()] != 0)
+    in_table = found & (nxt < present.numel())
+    ok = in_table & (present[nxt.clamp(min=0, max=present.numel() - 1).long()] != 0)
     miss = active & ~ok
     out = torch.where(active, torch.where(ok, nxt, torch.full_like(nxt, -1)), states)
     return out, miss
@@ -89,6 +90,7 @@ if HAS_TRITON:
         miss_ptr,
         n,
         cap,
+        n_states,
         MAX_PROBE_: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
@@ -109,7 +111,7 @@ if HAS_TRITON:
             nxt = tl.where(hit, v, nxt)
             found = found | hit
             slot = (slot + 1) & (cap - 1)
-        pres = tl.load(present_ptr + tl.maximum(nxt, 0), mask=found, other=0)
+        pres = tl.load(present_ptr + tl.maximum(nxt, 0), mask=found & (nxt < n_states), other=0)
         ok = found & (pres != 0)
         miss = active & (~ok)
         out = tl.where(active, tl.where(ok, nxt, -1), s)
@@ -278,7 +280,7 @@ class StateTable:
             block = 128 if n <= 4096 else 512
             _advance_kernel[(triton.cdiv(n, block),)](
                 self.keys, self.values, self.present, states, tokens, out, miss,
-                n, self.transition_capacity, MAX_PROBE_=MAX_PROBE, BLOCK=block, num_warps=4,
+                n, self.transition_capacity, self.state_capacity, MAX_PROBE_=MAX_PROBE, BLOCK=block, num_warps=4,
             )
         return out, miss.bool()
 

@@ -1,0 +1,65 @@
+"""StateTable: kernel lookups == torch twin == a Python dict, across growth and updates."""
+
+from __future__ import annotations
+
+import torch
+
+from _kernels_support import DEVICE, needs_kernels
+from kernels import StateTable, advance_ref
+
+
+def _check(table: StateTable, truth: dict[tuple[int, int], int], present: set[int], g: torch.Generator) -> None:
+    known = list(truth)
+    qs = torch.tensor([k[0] for k in known] + torch.randint(-1, 40, (60,), generator=g).tolist(), dtype=torch.int32)
+    qt = torch.tensor([k[1] for k in known] + torch.randint(0, 500, (60,), generator=g).tolist(), dtype=torch.int32)
+    out, miss = table.advance(qs.to(DEVICE), qt.to(DEVICE))
+    o2, m2 = advance_ref(table.keys, table.values, table.present, qs.to(DEVICE), qt.to(DEVICE))
+    assert torch.equal(out, o2) and torch.equal(miss, m2)
+    for s, t, o, m in zip(qs.tolist(), qt.tolist(), out.tolist(), miss.tolist()):
+        if s < 0:  # unconstrained rows pass through
+            assert (o, m) == (s, False)
+            continue
+        want = truth.get((s, t), -1)
+        if want not in present:
+            want = -1
+        assert (o, m) == (want, want == -1), (s, t)
+
+
+@needs_kernels
+def test_advance_growth_updates_and_misses() -> None:
+    g = torch.Generator().manual_seed(0)
+    table = StateTable(4, device=DEVICE, state_capacity=2, transition_capacity=16)
+    truth: dict[tuple[int, int], int] = {}
+    present: set[int] = set()
+    gen0 = table.generation
+    for round_ in range(4):
+        n = 60
+        s = torch.randint(0, 40, (n,), generator=g)
+        t = torch.randint(0, 500, (n,), generator=g)
+        nxt = torch.randint(0, 50, (n,), generator=g)
+        table.add_transitions(s, t, nxt)
+        for a, b, c in zip(s.tolist(), t.tolist(), nxt.tolist()):
+            truth[(a, b)] = c
+        ids = torch.arange(round_ * 12, round_ * 12 + 12)
+        table.add_states(ids, torch.full((12, 4), round_, dtype=torch.int32))
+        present.update(ids.tolist())
+        _check(table, truth, present, g)
+    assert table.generation > gen0  # it grew (states and slots), and lookups stayed right
+    assert table.num_transitions == len(truth)
+    # overwrite existing keys: later value wins
+    k = list(truth)[:5]
+    table.add_transitions(torch.tensor([a for a, _ in k]), torch.tensor([b for _, b in k]), torch.tensor([1, 2, 3, 4, 5]))
+    truth.update({kk: v for kk, v in zip(k, [1, 2, 3, 4, 5])})
+    _check(table, truth, present, g)
+
+
+def test_gather_masks_and_reserve() -> None:
+    table = StateTable(2, device=DEVICE)
+    table.add_state(3, torch.tensor([5, -7], dtype=torch.int32))
+    rows = table.gather_masks(torch.tensor([3, -1, 0]))
+    assert rows.tolist() == [[5, -7], [-1, -1], [0, 0]]
+    gen = table.generation
+    table.reserve(states=1000, transitions=5000)
+    assert table.state_capacity >= 1000 and table.transition_capacity >= 10000
+    assert table.generation > gen
+    assert table.gather_masks(torch.tensor([3])).tolist() == [[5, -7]]
