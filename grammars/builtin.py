@@ -44,13 +44,15 @@ def builtin_grammar(name: str, start: str = "start") -> ir.Grammar:
     return lark_to_grammar(load(name), start=start)
 
 
-def tool_call_grammar(tools: Mapping[str, Mapping[str, Any] | bool]) -> ir.Grammar:
+def tool_call_grammar(tools: Mapping[str, Mapping[str, Any] | bool], **schema_options: Any) -> ir.Grammar:
     """``{"name": N, "arguments": A}`` where N is one of ``tools`` and A satisfies N's JSON Schema.
 
     ``tools`` maps tool names to JSON Schemas of their arguments. Each schema is compiled with
-    ``grammars.json_schema.json_schema_to_grammar`` and its rules are merged under the prefix
-    ``tool<i>:``; the name and the arguments are bound together, so a tool's arguments are
-    checked against that tool's schema only.
+    ``grammars.json_schema.json_schema_to_grammar(schema, **schema_options)`` (so the arguments'
+    whitespace is that front end's: compact unless ``whitespace="flexible"``; the envelope's is
+    json.lark's bounded whitespace) and its rules are merged under the prefix ``tool<i>:``. The
+    name and the arguments are bound together: a tool's arguments are checked against that
+    tool's schema only.
     """
     from grammars.json_schema import json_schema_to_grammar
 
@@ -64,7 +66,7 @@ def tool_call_grammar(tools: Mapping[str, Mapping[str, Any] | bool]) -> ir.Gramm
     for i, (tool, schema) in enumerate(tools.items()):
         if not isinstance(tool, str) or not tool:
             raise GrammarError(f"tool names must be non-empty strings, got {tool!r}")
-        sub = json_schema_to_grammar(schema)
+        sub = json_schema_to_grammar(schema, **schema_options)
         prefix = f"tool{i}:"
         rename = RefMapper(lambda n, p=prefix: ir.ref(p + n))
         for name, body in sub.rules.items():
