@@ -33,7 +33,7 @@ SCHEMA = {
     "properties": {
         "invoice_number": {"type": "string", "maxLength": 16},
         "vendor": {"type": "string", "maxLength": 24},
-        "currency": {"enum": ["EUR", "USD", "GBP"]},
+        "currency": {"type": "string", "pattern": "^(EUR|USD|GBP)$"},
         "paid": {"type": "boolean"},
         "lines": {"type": "array", "maxItems": 3, "items": {
             "type": "object",
