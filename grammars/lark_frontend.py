@@ -22,6 +22,13 @@ terminal's greedy match never runs into the next token, e.g. when word-like toke
 by required whitespace or punctuation; the built-in grammars are written that way and the tests
 check them against ``lexer="dynamic"``.
 
+A terminal whose regular expressions use lazy quantifiers (``/(.|\\n)*?/`` in
+``common.C_COMMENT``) is matched shortest-first by Python's ``re``; such a terminal becomes the
+strings of its language with no proper prefix in it (an intersection with a complement), which
+is exactly that match. Lazy and greedy quantifiers mixed in one terminal are an error (Python's
+pick would depend on backtracking order). ``common.ESCAPED_STRING``'s lookbehind idiom is
+recognised and replaced by the equivalent escape-pair form.
+
 ``%ignore X``: lark lets ignored terminals occur, any number of times, before the first token,
 between tokens and after the last. Here every terminal occurrence in a rule is followed by
 ``(X)*`` and the start rule is preceded by it, so each gap has exactly one place for ignored text
@@ -110,6 +117,7 @@ class _Lines:
         self.defs: dict[str, list[int]] = {}
         self.uses: dict[str, list[int]] = {}
         self.declares: dict[str, int] = {}
+        self.imports: dict[str, int] = {}  # name (or dotted path part) -> line of its %import
         try:
             tree = _lg._get_parser().parse(text + "\n", "start")
         except Exception:  # the text did not parse: nothing to locate
@@ -128,12 +136,21 @@ class _Lines:
                     self.defs.setdefault(tok.value, []).append(tok.line)
                 elif stmt.data == "declare":
                     self.declares.setdefault(tok.value, tok.line)
+                elif stmt.data == "import":
+                    self.imports.setdefault(tok.value, tok.line)
                 else:
                     self.uses.setdefault(tok.value, []).append(tok.line)
 
     def definition(self, name: str) -> int | None:
         lines = self.defs.get(name)
         return lines[0] if lines else None
+
+    def imported(self, name: str) -> int | None:
+        """The line of the ``%import`` that brought ``name`` (mangled ``grammar__name`` too)."""
+        for part in (name, *reversed(name.split("__"))):
+            if part in self.imports:
+                return self.imports[part]
+        return min(self.imports.values(), default=None)
 
     def for_message(self, message: str) -> int | None:
         """The line a lark error message is about (best effort)."""
@@ -182,6 +199,7 @@ class _Converter:
         self.pending: deque[Callable[[], None]] = deque()
         self.instances: dict[tuple[str, tuple[Node, ...]], str] = {}
         self.notes: list[str] = []
+        self.quantifiers: set[str] = set()  # quantifier kinds seen while converting a terminal
 
     @property
     def lines(self) -> _Lines:
@@ -195,9 +213,14 @@ class _Converter:
             f"%declare {name}: declared symbols come from a custom lexer, which constrain cannot "
             "enforce; define it instead", line=self.lines.declares.get(name))
 
-    def _line(self, name: str) -> int | None:
+    def _line(self, name: str, tok: object = None) -> int | None:
+        """The user's grammar line for an error in ``name`` (at ``tok`` when given): for a
+        definition that came through ``%import``, the line of that ``%import``."""
         base = name.split("{", 1)[0].split(_NONEMPTY, 1)[0]
-        return self.lines.definition(base)
+        line = self.lines.definition(base)
+        if line is None:
+            return self.lines.imported(base)
+        return getattr(tok, "line", None) or line
 
     # ------------------------------------------------------------------ rules and terminals
 
@@ -236,7 +259,9 @@ class _Converter:
 
     def _terminal(self, name: str) -> Node:
         def build() -> Node:
+            self.quantifiers = set()
             body = self._expr(self.term_trees[name], {}, name, terminal=True)
+            body = self._lazy(body, self.quantifiers, name, None)
             if _nullable(body, set()):
                 raise LarkGrammarError(
                     f"terminal {name} matches the empty string (lark's Earley parser does not "
@@ -269,6 +294,10 @@ class _Converter:
         if d == "expansions":
             return alt(*(self._expr(k, env, owner, terminal) for k in kids))
         if d == "expansion":
+            if terminal and _is_escaped_string(kids):
+                quote = re.escape(_lg.eval_escaping(_literal_text(kids[0])[1:-1]))
+                return seq(ir.literal(quote[-1]), regex_to_ir(fr"([^{quote}\\\n]|\\[^\n])*"),
+                           ir.literal(quote[-1]))
             return seq(*(self._expr(k, env, owner, terminal) for k in kids))
         if d == "alias":
             return self._expr(kids[0], env, owner, terminal)
@@ -279,10 +308,13 @@ class _Converter:
         if d == "expr":
             return self._repeat(kids, env, owner, terminal)
         if d == "literal":
+            if terminal:
+                return self._literal(kids[0], owner)
+            self.quantifiers = set()
             node = self._literal(kids[0], owner)
-            return node if terminal else seq(node, self.gap)
+            return seq(self._lazy(node, self.quantifiers, owner, kids[0]), self.gap)
         if d == "range":
-            node = self._range(kids[0], kids[1])
+            node = self._range(kids[0], kids[1], owner)
             return node if terminal else seq(node, self.gap)
         if d == "template_usage":
             name = kids[0].name
@@ -305,6 +337,8 @@ class _Converter:
     def _repeat(self, kids: list, env: dict[str, Node], owner: str, terminal: bool) -> Node:
         inner = self._expr(kids[0], env, owner, terminal)
         op = str(kids[1])
+        if terminal and (op in "*+?" or len(kids) > 3 and kids[2] != kids[3]):
+            self.quantifiers.add("greedy")
         if op == "*":
             return repeat(inner, 0, None)
         if op == "+":
@@ -316,12 +350,12 @@ class _Converter:
             hi = int(kids[3]) if len(kids) > 3 else lo
             if hi < lo or lo < 0:
                 raise LarkGrammarError(f"bad repetition range {lo}..{hi} in {owner}",
-                                       line=getattr(kids[2], "line", None) or self._line(owner))
+                                       line=self._line(owner, kids[2]))
             return repeat(inner, lo, hi)
         raise LarkGrammarError(f"unknown operator {op!r} in {owner}", line=self._line(owner))
 
     def _literal(self, tok: Token, owner: str) -> Node:
-        line = getattr(tok, "line", None) or self._line(owner)
+        line = self._line(owner, tok)
         try:
             pattern = _lg._literal_to_pattern(tok)
         except _LarkError as e:
@@ -334,14 +368,26 @@ class _Converter:
         else:
             source = f"(?{flags}){pattern.value}" if flags else pattern.value
         try:
-            return regex_to_ir(source, dialect="python")
+            node = regex_to_ir(source, dialect="python")
         except RegexError as e:
             raise LarkGrammarError(f"{owner}: {tok.value}: {e}", line=line) from None
+        self.quantifiers |= _quantifier_kinds(source)
+        return node
 
-    def _range(self, lo_tok: Token, hi_tok: Token) -> Node:
+    def _lazy(self, node: Node, kinds: set[str], owner: str, tok: object) -> Node:
+        """Lark's token for a regex with lazy quantifiers is Python's (shortest) match."""
+        if "lazy" not in kinds:
+            return node
+        if "greedy" in kinds:
+            raise LarkGrammarError(
+                f"{owner} mixes lazy and greedy quantifiers: constrain cannot reproduce the "
+                "match Python's re would pick; use only one kind", line=self._line(owner, tok))
+        return _shortest(node)
+
+    def _range(self, lo_tok: Token, hi_tok: Token, owner: str) -> Node:
         lo, hi = (_lg.eval_escaping(t.value[1:-1]) for t in (lo_tok, hi_tok))
         if len(lo) != 1 or len(hi) != 1 or ord(lo) > ord(hi):
-            raise LarkGrammarError(f"bad range {lo_tok.value}..{hi_tok.value}", line=getattr(lo_tok, "line", None))
+            raise LarkGrammarError(f"bad range {lo_tok.value}..{hi_tok.value}", line=self._line(owner, lo_tok))
         return char_class([(ord(lo), ord(hi))])
 
     # ------------------------------------------------------------------ cleaning up
@@ -364,6 +410,68 @@ class _Converter:
                 del self.rules[name]
         if _IGNORE_RULE in dead:
             self.gap = EMPTY
+
+
+# ------------------------------------------------------------------------ terminal idioms
+
+# common.lark's ESCAPED_STRING is  "\"" /.*?/ /(?<!\\)(\\\\)*?/ "\"": the shortest text up to a
+# quote not escaped by a backslash. The lookbehind is not regular-expression syntax we support,
+# but the language is the plain escape-pair form, which replaces it.
+_STRING_INNER = ("/.*?/", "/(?<!\\\\)(\\\\\\\\)*?/")
+
+
+def _literal_text(tree) -> str | None:
+    """The literal's source if ``tree`` is a chain of one-child wrappers around one literal."""
+    while isinstance(tree, Tree) and tree.data in ("value", "expansions", "expansion") and len(tree.children) == 1:
+        tree = tree.children[0]
+    if isinstance(tree, Tree) and tree.data == "literal":
+        return str(tree.children[0])
+    return None
+
+
+def _is_escaped_string(kids: list) -> bool:
+    if len(kids) != 3:
+        return False
+    quote = _literal_text(kids[0])
+    if quote is None or quote != _literal_text(kids[2]) or not quote.startswith('"'):
+        return False
+    if len(_lg.eval_escaping(quote[1:-1])) != 1:
+        return False
+    middle = kids[1]
+    while isinstance(middle, Tree) and middle.data != "expansion" and len(middle.children) == 1:
+        middle = middle.children[0]
+    return (isinstance(middle, Tree) and middle.data == "expansion"
+            and tuple(_literal_text(k) for k in middle.children) == _STRING_INNER)
+
+
+def _quantifier_kinds(source: str) -> set[str]:
+    """``"lazy"`` / ``"greedy"`` for the variable-count quantifiers in a Python regex."""
+    import re._constants as sre_c
+    import re._parser as sre_p
+
+    try:
+        tree = sre_p.parse(source)
+    except re.error:
+        return set()
+    repeats = (sre_c.MIN_REPEAT, sre_c.MAX_REPEAT, sre_c.POSSESSIVE_REPEAT)
+    out: set[str] = set()
+    stack = [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple, sre_p.SubPattern)):
+            for x in item:
+                if isinstance(x, tuple) and len(x) == 2 and any(x[0] is op for op in repeats):
+                    lo, hi, _ = x[1]
+                    if lo != hi:
+                        out.add("lazy" if x[0] is sre_c.MIN_REPEAT else "greedy")
+                stack.append(x)
+    return out
+
+
+def _shortest(node: Node) -> Node:
+    """The strings of ``node`` that have no proper prefix in ``node`` (shortest matches)."""
+    longer = seq(node, repeat(ir.ANY_BYTE, 1, None))
+    return ir.intersect(node, ir.complement(longer))
 
 
 # ------------------------------------------------------------------------ IR analyses
@@ -405,8 +513,8 @@ def _nullable(node: Node, known: set[str]) -> bool:
         return node.name in known
     if isinstance(node, ir.And):
         return all(_nullable(i, known) for i in node.items)
-    if isinstance(node, ir.Not):
-        raise LarkGrammarError("complement is not supported in Lark grammars")
+    if isinstance(node, ir.Not):  # only inside terminals, which have no rule references
+        return not _nullable(node.item, known)
     raise TypeError(node)
 
 
@@ -422,7 +530,8 @@ def _productive(node: Node, known: set[str]) -> bool:
         return node.min == 0 or _productive(node.item, known)
     if isinstance(node, ir.Ref):
         return node.name in known
-    raise LarkGrammarError(f"unsupported IR node {type(node).__name__} in a Lark grammar")
+    # And/Not (shortest-match terminals): the derivative engine searches their liveness itself.
+    return True
 
 
 def _fixpoint(rules: dict[str, Node], holds: Callable[[Node, set[str]], bool]) -> set[str]:
@@ -665,7 +774,7 @@ class _LeftRecursion:
         if isinstance(node, ir.Repeat):
             hi = None if node.max is None else node.max - 1
             return seq(self.nonempty(node.item), repeat(node.item, max(node.min - 1, 0), hi))
-        raise LarkGrammarError(f"unsupported IR node {type(node).__name__} in a Lark grammar")
+        return ir.intersect(node, ir.complement(EMPTY))
 
     def build_nonempty(self) -> None:
         while self.nonempty_todo:

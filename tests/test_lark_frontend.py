@@ -110,6 +110,15 @@ CASES = {
         %import common (INT, WS_INLINE)
         %ignore WS_INLINE
         """, "12+ ", 5, True),
+    "common.ESCAPED_STRING (its lookbehind replaced by escape pairs)": ("""
+        start: ESCAPED_STRING ("," ESCAPED_STRING)*
+        %import common.ESCAPED_STRING
+        """, '"\\a,', 6, True),
+    "lazy quantifier: lark takes the shortest match": ("""
+        start: (C_COMMENT | "a")+
+        %import common.C_COMMENT
+        %ignore " "
+        """, "/*a ", 6, True),
     "extend and override": ("""
         start: "a" | "b"
         %extend start: "c"
@@ -156,6 +165,17 @@ def test_no_left_recursion_left_for_the_engine():
     assert m.is_terminated()
 
 
+def test_shortest_match_terminal_on_a_real_tokenizer():
+    from constrain import tokenizers
+
+    vocab, tok = tokenizers.gpt2(), tokenizers.gpt2_tokenizer()
+    grammar = constrain.compile_lark('start: C_COMMENT\n%import common.C_COMMENT\n', vocab)
+    for text, ok in [("/* a * b */", True), ("/* a */ b */", False), ("/**/", True)]:
+        m = grammar.matcher()
+        got = all(m.accept_token(t) for t in tok.encode(text)) and m.accept_token(vocab.eos_token_ids[0])
+        assert got == ok, text
+
+
 def test_start_rule_choice():
     g = lark_to_grammar('start: "a" other\nother: "b"\n', start="other")
     assert accepts_ours(g, ["b", "ab"]) == {"b": True, "ab": False}
@@ -180,6 +200,9 @@ def test_builtin_import():
     ('start: "a" ~ 3..2\n', ["3..2"], 1),
     ('start: t{"a"}\nt{x, y}: x y\n', ["arguments"], 1),
     ('start: "a" )\n', ["syntax", ")"], 1),
+    ('start: /a+?b*/\n', ["lazy and greedy"], 1),
+    ('start: X\n%import common._STRING_ESC_INNER -> X\n', ["lookbehind"], 2),
+    ('start: X\n%import common._STRING_INNER -> X\n', ["empty string"], 2),
 ])
 def test_bad_grammar(text, words, line):
     with pytest.raises(LarkGrammarError) as info:
