@@ -422,7 +422,13 @@ class Normalizer:
                 raise CannotNegate()
             neg = Sub({"not": c.sub.schema}, c.sub.base, c.sub.pointer)
             violation({"array"}, arrays=(ArrayPart(items=neg, annotates=False),))
-        if s.arrays or s.unique:
+        for part in s.arrays:  # not (every item is X) = some item is not X
+            if part.prefix:
+                raise CannotNegate()
+            if part.items is not None and part.items.schema not in (True, {}):
+                neg = Sub({"not": part.items.schema}, part.items.base, part.items.pointer)
+                violation({"array"}, contains=(Contains(neg),))
+        if s.unique:
             raise CannotNegate()
         return [x for x in out if not x.empty]
 
@@ -482,7 +488,7 @@ class Normalizer:
                     xs, ys = self.property_subs(x, name), self.property_subs(y, name)
                     if ys is None:
                         return True  # forbidden in y
-                    if any(n == name for part in y.objects for n in part.required) and xs and ys:
+                    if xs and ys:  # present in x, so y's constraint on it applies too
                         xf = self._flat_all(xs)
                         yf = self._flat_all(ys)
                         if all(self.disjoint(m, n, depth + 1) for m in xf for n in yf):

@@ -184,8 +184,9 @@ class Translator:
         if sh.nots:
             where = ", ".join(n.pointer for n in sh.nots)
             if not self.options.lenient:
-                raise SchemaError(f"cannot enforce 'not' here: its schema has no expressible negation "
-                                  "(pass lenient=True to drop it)", where, "not")
+                raise SchemaError("cannot enforce a negation (from 'not', 'if' or the exclusivity of 'oneOf'): "
+                                  "the negated schema has no expressible opposite; pass lenient=True to drop it "
+                                  "(or oneof_as_anyof=True for oneOf)", where, "not")
             self.note(f"relaxed not at {where}")
         parts: list[Node] = []
         types = sh.types
