@@ -70,7 +70,7 @@ def allowed_ids(matcher, tokens_left: int) -> list[int]:
 def walk(matcher, vocab, rng: random.Random) -> bytes | None:
     """A random constrained walk, closed within HARD_CAP tokens by the budget-aware mask.
 
-    Short (one-byte) tokens are favoured so that walks visit structure rather than long words;
+    Short (one-byte) tokens, punctuation above all, are favoured so that walks visit structure;
     past SOFT_CAP the walk stops as soon as it may and otherwise prefers closing punctuation.
     """
     eos = vocab.eos_token_ids[0]
@@ -88,7 +88,13 @@ def walk(matcher, vocab, rng: random.Random) -> bytes | None:
             closing = [t for t in short if vocab.token_bytes[t][0] in CLOSERS]
             pool = closing or [t for t in short if vocab.token_bytes[t].isalnum()] or short
         else:
-            pool = short if short and rng.random() < 0.5 else real
+            r = rng.random()
+            if short and r < 0.35:
+                pool = [t for t in short if not vocab.token_bytes[t].isalnum()] or short
+            elif short and r < 0.6:
+                pool = short
+            else:
+                pool = real
         tok = rng.choice(pool)
         assert matcher.accept_token(tok)
         out += vocab.token_bytes[tok]
