@@ -7,7 +7,6 @@ matcher of the compiled grammar shares the cache, so the steady state is a dicti
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import OrderedDict
 
@@ -54,8 +53,6 @@ class TokenAutomaton:
         self._heads: OrderedDict[tuple[int, int], tuple[np.ndarray, TokenTrie | None]] = OrderedDict()
         self._mask_cache_size = mask_cache_size
         self._lock = threading.RLock()
-        if sys.getrecursionlimit() < 20000:
-            sys.setrecursionlimit(20000)  # derivatives recurse along long optional sequences
 
     @property
     def initial_state(self) -> int:

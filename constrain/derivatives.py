@@ -31,6 +31,12 @@ NOTHING = 0
 EMPTY = 1
 ALL_BYTES = (1 << 256) - 1
 
+# Derivatives, classes and conversions recurse along the grammar (a chain of 20,000 optional
+# properties is 20,000 frames deep). Since Python 3.11 pure-Python calls keep their frames on the
+# heap, not the C stack, so a high limit is safe as long as recursion never passes through a C
+# builtin (hence list comprehensions, not generators, inside any()/min()).
+RECURSION_LIMIT = 1_000_000
+
 # How far a liveness search of an intersection/complement state may explore before giving up
 # (and treating the state as live: a wrong guess can only stall a walk, never admit a bad byte).
 LIVENESS_BUDGET = 4096
@@ -48,6 +54,8 @@ class ExprTable:
     """
 
     def __init__(self, grammar: ir.Grammar, *, max_states: int = DEFAULT_MAX_STATES) -> None:
+        if sys.getrecursionlimit() < RECURSION_LIMIT:
+            sys.setrecursionlimit(RECURSION_LIMIT)
         self.lock = threading.RLock()
         self.max_states = max_states
         self._kind: list[int] = []
@@ -181,7 +189,7 @@ class ExprTable:
                 mask &= self._args[p][0]
             return self._mk_bytes(mask)
         if EMPTY in flat:
-            return EMPTY if all(self.nullable(p) for p in flat) else NOTHING
+            return EMPTY if all([self.nullable(p) for p in flat]) else NOTHING
         if len(flat) == 1:
             return next(iter(flat))
         members = tuple(sorted(flat))
@@ -288,9 +296,9 @@ class ExprTable:
                 elif k == K_SEQ:
                     n = self.nullable(a[0]) and self.nullable(a[1])
                 elif k == K_ALT:
-                    n = any(self.nullable(m) for m in a[0])
+                    n = any([self.nullable(m) for m in a[0]])
                 elif k == K_AND:
-                    n = all(self.nullable(m) for m in a[0])
+                    n = all([self.nullable(m) for m in a[0]])
                 elif k == K_NOT:
                     n = not self.nullable(a[0])
                 elif k == K_REPEAT:
@@ -397,7 +405,7 @@ class ExprTable:
             elif k == K_SEQ:
                 out = self.min_completion(a[0]) + self.min_completion(a[1])
             elif k == K_ALT:
-                out = min(self.min_completion(m) for m in a[0])
+                out = min([self.min_completion(m) for m in a[0]])
             elif k == K_REPEAT:
                 out = 0 if a[1] == 0 else a[1] * self.min_completion(a[0])
             elif k == K_REF:
@@ -444,7 +452,7 @@ class ExprTable:
             if k == K_SEQ:
                 live = self.is_live(a[0]) and self.is_live(a[1])
             elif k == K_ALT:
-                live = any(self.is_live(m) for m in a[0])
+                live = any([self.is_live(m) for m in a[0]])
             elif k == K_REPEAT:
                 live = a[1] == 0 or self.is_live(a[0])
             else:
@@ -515,11 +523,11 @@ def rule_min_lengths(grammar: ir.Grammar) -> dict[str, float]:
             if isinstance(node, ir.Bytes):
                 out: float = 1 if node.mask else INFINITE
             elif isinstance(node, ir.Seq):
-                out = sum((size(i) for i in node.items), 0.0)
+                out = sum([size(i) for i in node.items], 0.0)
             elif isinstance(node, ir.Alt):
-                out = min((size(i) for i in node.items), default=INFINITE)
+                out = min([size(i) for i in node.items], default=INFINITE)
             elif isinstance(node, ir.And):
-                out = INFINITE if any(size(i) == INFINITE for i in node.items) else 0
+                out = INFINITE if INFINITE in [size(i) for i in node.items] else 0
             elif isinstance(node, ir.Not):
                 out = 0
             elif isinstance(node, ir.Repeat):
@@ -573,14 +581,9 @@ def matches(grammar: ir.Grammar | ir.Node, data: bytes) -> bool:
     """Whether ``data`` is in the language of ``grammar`` (an oracle-friendly helper for tests)."""
     g = grammar if isinstance(grammar, ir.Grammar) else ir.Grammar.of(grammar)
     table = ExprTable(g)
-    old = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old, 20000))
-    try:
-        s = table.start
-        for b in data:
-            s = table.derive(s, b)
-            if s == NOTHING:
-                return False
-        return table.nullable(s)
-    finally:
-        sys.setrecursionlimit(old)
+    s = table.start
+    for b in data:
+        s = table.derive(s, b)
+        if s == NOTHING:
+            return False
+    return table.nullable(s)
