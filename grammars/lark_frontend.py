@@ -232,7 +232,7 @@ class _Converter:
             self.pending.popleft()()
         rules = self.rules
         nullable = _fixpoint(rules, _nullable)
-        self._prune_unproductive(nullable)
+        self._prune_unproductive()
         _LeftRecursion(self, nullable).eliminate()
         start = self.start
         if self.ignore:
@@ -392,7 +392,7 @@ class _Converter:
 
     # ------------------------------------------------------------------ cleaning up
 
-    def _prune_unproductive(self, nullable: set[str]) -> None:
+    def _prune_unproductive(self) -> None:
         productive = _fixpoint(self.rules, _productive)
         dead = [name for name in self.rules if name not in productive]
         if not dead:

@@ -126,7 +126,7 @@ class LarkSampler:
         tokens: list[str] = []
         self._expand(self.start, rng, max_depth, tokens)
         out: list[str] = []
-        for i, tok in enumerate(tokens + [""]):
+        for tok in tokens + [""]:
             if self.ignore and rng.random() < ignore_rate:
                 out.append(regex_sample(self.patterns[rng.choice(self.ignore)], rng))
             out.append(tok)
