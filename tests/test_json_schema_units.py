@@ -192,3 +192,22 @@ def test_flexible_whitespace_is_bounded():
                                max_whitespace=2)
     assert matches(g, b'{ "a" :\n[ 1 , 2 ]  }')
     assert not matches(g, b'{"a":   []}')
+
+
+def test_one_of_object_branches_without_type():
+    a = {"additionalProperties": False, "properties": {"mode": {"enum": ["custom"]}, "name": {"type": "string"}}}
+    b = {"additionalProperties": False, "properties": {"mode": {"enum": ["reference"]}, "id": {"type": "string"}},
+         "required": ["id", "mode"]}
+    agree({"oneOf": [a, b]}, [{}, {"mode": "custom"}, {"mode": "reference", "id": "x"}, {"mode": "custom", "id": "x"},
+                              "s", 1, None, [1], {"name": "n", "mode": "custom"}])
+    disc = {"oneOf": [{"properties": {"t": {"const": "a"}, "x": {"type": "integer"}}, "required": ["t"]},
+                      {"properties": {"t": {"const": "b"}, "y": {"type": "string"}}, "required": ["t"]}]}
+    agree(disc, [{"t": "a", "x": 1}, {"t": "b", "y": "s"}, {"t": "c"}, {"t": "a", "x": "s"}])
+
+
+def test_strict_properties_forbids_undeclared_keys():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    g = json_schema_to_grammar(schema, strict_properties=True)
+    assert matches(g, b'{"a":1}') and not matches(g, b'{"a":1,"b":2}')
+    g = json_schema_to_grammar({**schema, "additionalProperties": {"type": "string"}}, strict_properties=True)
+    assert matches(g, b'{"a":1,"b":"x"}')

@@ -347,46 +347,59 @@ class Normalizer:
 
     # ------------------------------------------------------------------ negation
 
-    def negate(self, sub: Sub) -> list[Shape]:
-        """Shapes equivalent to ``not sub``; keeps ``sub`` as an opaque negation when impossible."""
+    def negate(self, sub: Sub, only: frozenset[str] | None = None) -> list[Shape]:
+        """Shapes equivalent to ``not sub``; keeps ``sub`` as an opaque negation when impossible.
+
+        ``only``: the negation is needed for these types alone (the caller knows values of other
+        types cannot satisfy ``sub`` in its context), so keywords of other types need no opposite.
+        """
         p = sub.pointer
         shapes = self.flatten(sub)
         out = [Shape(pointer=p, neg_raws=(sub,))]
         try:
             for shape in shapes:
-                out = self._product(out, self._negate_shape(shape), sub)
-            return out
+                out = self._product(out, self._negate_shape(shape, only), sub)
         except CannotNegate:
-            return [Shape(pointer=p, nots=(sub,), neg_raws=(sub,))]
+            out = [Shape(pointer=p, nots=(sub,), neg_raws=(sub,))]
+            if only is None:
+                return out
+            out = [replace(x, types=meet_types(x.types, only)).check() for x in out]
+        if only is not None:
+            out += _other_types(only, p)
+        return [x for x in out if not x.empty]
 
-    def _negate_shape(self, s: Shape) -> list[Shape]:
+    def _negate_shape(self, s: Shape, only: frozenset[str] | None = None) -> list[Shape]:
         p = s.pointer
-        if s.excluded or s.non_integer:
+        scope = only if only is not None else ALL_TYPES
+
+        def relevant(*types: str) -> bool:
+            return bool(meet_types(meet_types(s.types, frozenset(types)), scope))
+
+        if s.non_integer and relevant("number"):
             raise CannotNegate()
         if s.nots:
             if len(s.nots) == 1 and s == Shape(pointer=s.pointer, nots=s.nots, neg_raws=s.neg_raws):
-                return self.flatten(s.nots[0])
+                return [replace(x, types=meet_types(x.types, scope)).check() for x in self.flatten(s.nots[0])]
+            raise CannotNegate()
+        if s.excluded:
             raise CannotNegate()
         out: list[Shape] = []
         if s.types != ALL_TYPES:
-            rest = ALL_TYPES - s.types - ({"number"} if "integer" in s.types else set())
-            if "integer" in s.types:
-                out.append(Shape(pointer=p, types=frozenset({"number"}), non_integer=True))
-            if rest:
-                out.append(Shape(pointer=p, types=frozenset(rest)))
+            for x in _other_types(s.types, p):
+                out.append(replace(x, types=meet_types(x.types, scope)).check())
 
         def violation(types: set[str], **kw: Any) -> None:
-            t = meet_types(s.types, frozenset(types))
+            t = meet_types(meet_types(s.types, frozenset(types)), scope)
             if t:
                 out.append(Shape(pointer=p, types=t, **kw).check())
 
         for values in s.enums:
-            out.append(Shape(pointer=p, types=s.types, excluded=tuple(values)))
+            out.append(Shape(pointer=p, types=meet_types(s.types, scope), excluded=tuple(values)).check())
         if s.lo is not None:
             violation({"number"}, hi=Bound(s.lo.value, not s.lo.inclusive))
         if s.hi is not None:
             violation({"number"}, lo=Bound(s.hi.value, not s.hi.inclusive))
-        if s.multiples:
+        if s.multiples and relevant("number"):
             raise CannotNegate()
         if s.min_length:
             violation({"string"}, max_length=s.min_length - 1)
@@ -396,7 +409,7 @@ class Normalizer:
             violation({"string"}, anti_patterns=(pat,))
         if s.anti_patterns and len(s.anti_patterns) == 1:
             violation({"string"}, patterns=s.anti_patterns)
-        elif s.anti_patterns or s.formats:
+        elif (s.anti_patterns or s.formats) and relevant("string"):
             raise CannotNegate()
         if s.min_props:
             violation({"object"}, max_props=s.min_props - 1)
@@ -411,24 +424,25 @@ class Normalizer:
                     continue
                 neg = Sub({"not": value.schema}, value.base, value.pointer)
                 violation({"object"}, objects=(ObjectPart(properties=((name, neg),), required=(name,), annotates=False),))
-            if (part.additional is not None and part.additional.schema not in (True, {})) or part.patterns or part.names is not None:
+            if ((part.additional is not None and part.additional.schema not in (True, {})) or part.patterns
+                    or part.names is not None) and relevant("object"):
                 raise CannotNegate()
         if s.min_items:
             violation({"array"}, max_items=s.min_items - 1)
         if s.max_items is not None:
             violation({"array"}, min_items=s.max_items + 1)
         for c in s.contains:
-            if c.min != 1 or c.max is not None:
+            if (c.min != 1 or c.max is not None) and relevant("array"):
                 raise CannotNegate()
             neg = Sub({"not": c.sub.schema}, c.sub.base, c.sub.pointer)
             violation({"array"}, arrays=(ArrayPart(items=neg, annotates=False),))
         for part in s.arrays:  # not (every item is X) = some item is not X
-            if part.prefix:
+            if part.prefix and relevant("array"):
                 raise CannotNegate()
             if part.items is not None and part.items.schema not in (True, {}):
                 neg = Sub({"not": part.items.schema}, part.items.base, part.items.pointer)
                 violation({"array"}, contains=(Contains(neg),))
-        if s.unique:
+        if s.unique and relevant("array"):
             raise CannotNegate()
         return [x for x in out if not x.empty]
 
@@ -442,9 +456,10 @@ class Normalizer:
             for j, others in enumerate(flat):
                 if i == j or not mine:
                     continue
-                if all(self.disjoint(a, b) for a in mine for b in others):
+                overlap = frozenset().union(*[self.overlap(a, b) for a in mine for b in others])
+                if not overlap:
                     continue
-                neg = self.negate(branches[j])
+                neg = self.negate(branches[j], overlap)
                 if any(x.nots for x in neg) and not any(x.enums for x in mine):
                     if self.oneof_as_anyof or self.lenient:
                         self.note(f"relaxed oneOf to anyOf at {sub.pointer}/oneOf")
@@ -459,15 +474,19 @@ class Normalizer:
 
     def disjoint(self, a: Shape, b: Shape, depth: int = 0) -> bool:
         """Sufficient test that no value satisfies both shapes."""
+        return not self.overlap(a, b, depth)
+
+    def overlap(self, a: Shape, b: Shape, depth: int = 0) -> frozenset[str]:
+        """The types on which some value may satisfy both shapes (empty: provably disjoint)."""
         common = meet_types(a.types, b.types)
         if not common:
-            return True
+            return frozenset()
         for x, y in ((a, b), (b, a)):
             if x.enums:
                 values = self.values(x)
                 if values is not None and not any(self.valid_shape(v, y) is not False for v in values):
-                    return True
-        return all(self._disjoint_type(t, a, b, depth) for t in common)
+                    return frozenset()
+        return frozenset(t for t in common if not self._disjoint_type(t, a, b, depth))
 
     def _disjoint_type(self, t: str, a: Shape, b: Shape, depth: int) -> bool:
         if t in ("number", "integer"):
@@ -574,3 +593,14 @@ def _pattern_search(pattern: str, text: str) -> bool:
     from grammars.json_schema.keys import pattern_search
 
     return pattern_search(pattern, text)
+
+
+def _other_types(types: frozenset[str], pointer: str) -> list[Shape]:
+    """Shapes for the values whose type is not in ``types`` (integer-aware)."""
+    out = []
+    rest = ALL_TYPES - types - ({"number"} if "integer" in types else set())
+    if "integer" in types and "number" not in types:
+        out.append(Shape(pointer=pointer, types=frozenset({"number"}), non_integer=True))
+    if rest:
+        out.append(Shape(pointer=pointer, types=frozenset(rest)))
+    return out
