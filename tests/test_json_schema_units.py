@@ -199,7 +199,7 @@ def test_one_of_object_branches_without_type():
     b = {"additionalProperties": False, "properties": {"mode": {"enum": ["reference"]}, "id": {"type": "string"}},
          "required": ["id", "mode"]}
     agree({"oneOf": [a, b]}, [{}, {"mode": "custom"}, {"mode": "reference", "id": "x"}, {"mode": "custom", "id": "x"},
-                              "s", 1, None, [1], {"name": "n", "mode": "custom"}])
+                              "s", 1, None, [1], {"mode": "custom", "name": "n"}])
     disc = {"oneOf": [{"properties": {"t": {"const": "a"}, "x": {"type": "integer"}}, "required": ["t"]},
                       {"properties": {"t": {"const": "b"}, "y": {"type": "string"}}, "required": ["t"]}]}
     agree(disc, [{"t": "a", "x": 1}, {"t": "b", "y": "s"}, {"t": "c"}, {"t": "a", "x": "s"}])
