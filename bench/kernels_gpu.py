@@ -347,7 +347,9 @@ def main() -> None:
         def xgr_apply(lg, bm):
             xgr.apply_token_bitmask_inplace(lg, bm)
 
-        print("# xgrammar", getattr(xgr, "__version__", "?"), flush=True)
+        from importlib.metadata import version
+
+        print("# xgrammar", version("xgrammar"), flush=True)
     except Exception as e:  # noqa: BLE001
         print("# xgrammar unavailable:", repr(e), flush=True)
         xgr_apply = None

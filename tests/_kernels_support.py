@@ -2,7 +2,9 @@
 
 TRITON_INTERPRET must be set before triton is first imported. If another test module imported
 triton first (compiled mode) and no GPU is present, the kernel tests cannot run in this process;
-test_kernels_interpreted.py then re-runs them in a fresh interpreter process.
+test_kernels_interpreted.py then re-runs them in a fresh interpreter process. (Conversely, if
+these tests are collected first, in-process CPU callers of kernels/ run the interpreter too:
+correct, only slower; subprocesses they start inherit TRITON_INTERPRET=1.)
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ from __future__ import annotations
 import os
 import sys
 
-if "triton" not in sys.modules:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+_SET_HERE = "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ
+if _SET_HERE:
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import kernels  # noqa: E402
+# TRITON_INTERPRET stays set: triton reads it again later (lazy imports check it).
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KERNELS_RUN = kernels.HAS_TRITON and (kernels.INTERPRET or DEVICE == "cuda")
