@@ -25,7 +25,7 @@ from grammars import ir
 from grammars.errors import GrammarError
 
 # Expression kinds.
-K_NOTHING, K_EMPTY, K_BYTES, K_SEQ, K_ALT, K_AND, K_NOT, K_REPEAT, K_REF, K_MARK, K_DEP = range(11)
+K_NOTHING, K_EMPTY, K_BYTES, K_SEQ, K_ALT, K_AND, K_NOT, K_REPEAT, K_REF, K_MARK, K_DEP, K_FRAME = range(12)
 
 NOTHING = 0
 EMPTY = 1
@@ -238,6 +238,22 @@ class ExprTable:
     def has_dep(self, e: int) -> bool:
         return self._dep[e]
 
+    def _mk_frame(self, e: int) -> int:
+        """What is left of one rule's body after a derivative entered it.
+
+        Semantically transparent; it keeps the boundary between the current rule and the rules
+        waiting after it, so the state reads as a stack ``FRAME(top) FRAME(..) tail``. Its head
+        (the top frame) is the same at every nesting depth, which is what lets masks be shared
+        across depths (see ``TokenAutomaton._split_mask``).
+        """
+        k = self._kind[e]
+        if k in (K_NOTHING, K_EMPTY, K_FRAME, K_BYTES):
+            return e
+        if k == K_SEQ and self._kind[self._args[e][0]] == K_FRAME:  # a frame at the head: flatten
+            head, tail = self._args[e]
+            return self._mk_seq(head, self._mk_frame(tail))
+        return self._flag(self._new(K_FRAME, (e,), self._nullable[e], self._boolean[e]), (e,))
+
     def _mk_ref(self, rule: int) -> int:
         return self._new(K_REF, (rule,), None, False)
 
@@ -293,6 +309,8 @@ class ExprTable:
                 k, a = self._kind[e], self._args[e]
                 if k == K_REF:
                     n = self.nullable(self._body(a[0]))
+                elif k == K_FRAME:
+                    n = self.nullable(a[0])
                 elif k == K_SEQ:
                     n = self.nullable(a[0]) and self.nullable(a[1])
                 elif k == K_ALT:
@@ -348,7 +366,9 @@ class ExprTable:
             rest = self._mk_repeat(item, max(lo - 1, 0), None if hi is None else hi - 1)
             return self._mk_seq(self.derive(item, b), rest)
         if k == K_REF:
-            return self.derive(self._body(a[0]), b)
+            return self._mk_frame(self.derive(self._body(a[0]), b))
+        if k == K_FRAME:
+            return self._mk_frame(self.derive(a[0], b))
         if k == K_MARK:
             return self.dep if (a[0] >> b) & 1 else NOTHING
         if k == K_DEP:
@@ -376,7 +396,7 @@ class ExprTable:
                     parts = (ALL_BYTES,)
                     for m in a[0]:
                         parts = _refine(parts, self.byte_classes(m))
-                elif k in (K_NOT, K_REPEAT):
+                elif k in (K_NOT, K_REPEAT, K_FRAME):
                     parts = self.byte_classes(a[0])
                 elif k == K_REF:
                     parts = self.byte_classes(self._body(a[0]))
@@ -410,6 +430,8 @@ class ExprTable:
                 out = 0 if a[1] == 0 else a[1] * self.min_completion(a[0])
             elif k == K_REF:
                 out = self._rule_min.get(self._rule_names[a[0]], INFINITE)
+            elif k == K_FRAME:
+                out = self.min_completion(a[0])
             else:
                 out = INFINITE
             self._min[e] = out
@@ -455,6 +477,8 @@ class ExprTable:
                 live = any([self.is_live(m) for m in a[0]])
             elif k == K_REPEAT:
                 live = a[1] == 0 or self.is_live(a[0])
+            elif k == K_FRAME:
+                live = self.is_live(a[0])
             else:
                 live = self._search_min(e) != INFINITE or self._search_exhausted
             self._live[e] = live
