@@ -9,7 +9,7 @@ can never spell a declared key (canonical spelling + complement), so no key repe
 
 from __future__ import annotations
 
-from itertools import combinations
+import re
 from typing import TYPE_CHECKING
 
 from grammars.errors import SchemaError
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["object_ir"]
 
-MAX_PATTERN_CLASSES = 4
+MAX_PATTERN_CLASSES = 64
 MAX_COUNT_STATES = 20_000
 INLINE_MEMBERS = 24
 
@@ -68,16 +68,13 @@ def _additional_member(t: "Translator", sh: Shape, declared: list[str]) -> Node:
         return NOTHING
     if t.options.strict_properties and not patterns and all(p.additional is None for p in sh.objects):
         return NOTHING
-    if len(patterns) > MAX_PATTERN_CLASSES:
-        # Only keys matching no pattern need the subset split; disjointness is not checked.
-        raise SchemaError(
-            f"more than {MAX_PATTERN_CLASSES} patternProperties apply to one object; "
-            "keys matching several of them cannot be told apart", sh.pointer, "patternProperties")
     not_declared = complement(alt(*[t.key_body_literal(k) for k in declared])) if declared else None
     names = [t.property_names_ir(p.names) for p in sh.objects if p.names is not None]
     out: list[Node] = []
-    for size in range(len(patterns) + 1):
-        for chosen in combinations(range(len(patterns)), size):
+    may_overlap = [[i == j or _may_overlap(patterns[i][0], patterns[j][0]) for j in range(len(patterns))]
+                   for i in range(len(patterns))]
+    for chosen in _cliques(may_overlap, sh.pointer):
+        if True:
             subs: list[Sub] = []
             ok = True
             for i, part in enumerate(sh.objects):
@@ -90,6 +87,8 @@ def _additional_member(t: "Translator", sh: Shape, declared: list[str]) -> Node:
                 continue
             key_parts = [repeat(t.shared("json-key-char", ANY_CANONICAL_CHAR))]
             for j, (pat, _, i) in enumerate(patterns):
+                if j not in chosen and not all(may_overlap[j][c] for c in chosen):
+                    continue  # disjoint from a chosen pattern: excluded already
                 where = f"{sh.pointer}/patternProperties"
                 node = t.pattern_ir(pat, where, canonical=True)
                 key_parts.append(node if j in chosen else complement(node))
@@ -158,3 +157,60 @@ def _link(t: "Translator", prefix: str, j: int, c: int, memo: dict, use_rules: b
     if name not in t.rules:
         t.rules[name] = node
     return ref(name)
+
+
+_META = re.compile(r"[\\.\[\](){}*+?|^$]")
+
+
+def _literal_prefix(pattern: str) -> str | None:
+    """The literal text an anchored pattern must start with (None: not anchored)."""
+    if not pattern.startswith("^"):
+        return None
+    m = _META.search(pattern, 1)
+    body = pattern[1:m.start()] if m else pattern[1:]
+    if m and pattern[m.start()] in "*+?{" and body:
+        body = body[:-1]  # the last character is quantified
+    return body
+
+
+def _literal_suffix(pattern: str) -> str | None:
+    """The literal text a ``$``-anchored pattern must end with (None: not anchored)."""
+    if not pattern.endswith("$") or pattern.endswith("\\$"):
+        return None
+    i = len(pattern) - 1
+    while i > 0 and not _META.match(pattern[i - 1]):
+        i -= 1
+    body = pattern[i:-1]
+    if i > 0 and pattern[i - 1] == "\\":
+        body = body[1:]  # its first character is part of an escape
+    return body
+
+
+def _may_overlap(a: str, b: str) -> bool:
+    """False when no key can match both patterns (incompatible anchored literal prefixes or suffixes)."""
+    pa, pb = _literal_prefix(a), _literal_prefix(b)
+    if pa is not None and pb is not None and pa[:min(len(pa), len(pb))] != pb[:min(len(pa), len(pb))]:
+        return False
+    sa, sb = _literal_suffix(a), _literal_suffix(b)
+    if sa is not None and sb is not None:
+        n = min(len(sa), len(sb))
+        if n and sa[-n:] != sb[-n:]:
+            return False
+    return True
+
+
+def _cliques(may_overlap: list[list[bool]], pointer: str) -> list[tuple[int, ...]]:
+    """Sets of patterns a single key might match together (all pairwise overlapping), () included."""
+    out: list[tuple[int, ...]] = [()]
+    stack: list[tuple[int, ...]] = [(i,) for i in range(len(may_overlap) - 1, -1, -1)]
+    while stack:
+        c = stack.pop()
+        out.append(c)
+        if len(out) > MAX_PATTERN_CLASSES:
+            raise SchemaError(
+                f"patternProperties here may overlap in more than {MAX_PATTERN_CLASSES} ways; keys matching "
+                "several of them cannot be told apart", pointer, "patternProperties")
+        for j in range(len(may_overlap) - 1, c[-1], -1):
+            if all(may_overlap[j][i] for i in c):
+                stack.append(c + (j,))
+    return out

@@ -174,6 +174,13 @@ class Shape:
         if self.max_items is not None and self.min_items > self.max_items:
             types.discard("array")
             reasons.append(f"minItems {self.min_items} > maxItems {self.max_items}")
+        if "object" in types and self.objects:
+            required = {n for part in self.objects for n in part.required}
+            forbidden = {n for part in self.objects for n, sub in part.properties if sub.schema is False}
+            clash = required & forbidden
+            if clash:
+                types.discard("object")
+                reasons.append(f"property {sorted(clash)[0]!r} is both required and forbidden")
         if self.max_props is not None and self.min_props > self.max_props:
             types.discard("object")
             reasons.append(f"minProperties {self.min_props} > maxProperties {self.max_props}")
