@@ -269,6 +269,13 @@ def bench_step(g, rows, b=256, v=131072):
     legal = bool(allowed.gather(1, tok.clamp(min=0)[:, None]).all())
     r = dict(section="step", batch=b, vocab=v, graph_us=gt, py_us=pt, graph_equals_eager=same,
              legal=legal, misses=int(miss.sum()), floor_us=b * v * 4 / 4.2e12 * 1e6)
+    # launch-shape sweep of the sampling stage (sparse table masks, and dense random masks)
+    dense = rand_bitmask(256, v, g)
+    for blk, nw in ((1024, 4), (2048, 4), (2048, 8), (4096, 8)):
+        for name, mk in (("sparse", table.masks), ("dense", dense)):
+            for mode, tt in (("temp", t), ("greedy", torch.zeros_like(t))):
+                fn = lambda i: sample(logits[i], mk, st_in, temperature=tt, seeds=seeds, block=blk, num_warps=nw)  # noqa: E731
+                r[f"{mode} {name} {blk}/{nw}"] = graph_time_us(fn, nb)
     rows.append(r)
     print(json.dumps(r), flush=True)
 
@@ -326,6 +333,9 @@ def print_tables(rows):
             print(f"\n## full constrained step (masked sample T=1 + advance), batch {r['batch']}, vocab {r['vocab']}: "
                   f"graph {r['graph_us']:.1f} µs, python {r['py_us']:.1f} µs, logits-read floor {r['floor_us']:.1f} µs; "
                   f"graph replay == eager: {r['graph_equals_eager']}, legal: {r['legal']}, misses: {r['misses']}")
+            for k_, val in r.items():
+                if "/" in k_:
+                    print(f"  sample {k_}: {val:.1f} µs")
         if r["section"] == "spec":
             print(f"\n## speculative verify, batch {r['batch']}, k={r['k']}, vocab {r['vocab']}: graph {r['graph_us']:.1f} µs, "
                   f"python {r['py_us']:.1f} µs, mean tokens/row {r['mean_tokens']:.2f}, misses {r['misses']}")

@@ -147,12 +147,16 @@ if HAS_TRITON:
     def _masked_logits(logits_ptr, lrow, mask_ptr, mrow, offs, V, W, HAS_MASK: tl.constexpr):
         """Sanitised float32 logits of a block (-inf where masked/NaN) and the allowed flags."""
         inb = offs < V
-        x = tl.load(logits_ptr + lrow + offs, mask=inb, other=float("nan")).to(tl.float32)
-        ok = inb & (x == x)
         if HAS_MASK:
+            # mask first, then load only allowed logits: sectors with no allowed token are never
+            # read, so sparse grammar masks cut the logits traffic, not just the result
             widx = offs >> 5
             words = tl.load(mask_ptr + tl.maximum(mrow, 0) * W + widx, mask=inb & (widx < W), other=0)
-            ok = ok & ((((words >> (offs & 31)) & 1) != 0) | (mrow < 0))
+            ok = tl.where(mrow < 0, inb, inb & (((words >> (offs & 31)) & 1) != 0))
+        else:
+            ok = inb
+        x = tl.load(logits_ptr + lrow + offs, mask=ok, other=float("nan")).to(tl.float32)
+        ok = ok & (x == x)
         x = tl.minimum(x, 3.4028234663852886e38)
         x = tl.where(ok, x, float("-inf"))
         return x, ok
@@ -420,6 +424,7 @@ def sample(
     min_p: torch.Tensor | None = None,
     seeds: torch.Tensor | None = None,
     block: int = 1024,
+    num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row under its mask; returns (tokens int64 (B,), all_masked bool (B,)).
 
@@ -455,7 +460,7 @@ def sample(
         logits, logits.stride(0), mask_arg, midx_arg, w,
         temperature, seeds, top_k, top_p, min_p,
         pmax, pidx, gsc, gidx, v, chunk, s,
-        HAS_FILTERS=has_filters, num_warps=4, **common,
+        HAS_FILTERS=has_filters, num_warps=num_warps, **common,
     )
     if has_filters:
         thr = _thresholds(logits, mask_arg, midx_arg, w, temperature, top_k, top_p, min_p,
@@ -464,7 +469,7 @@ def sample(
             logits, logits.stride(0), mask_arg, midx_arg, w,
             temperature, seeds, top_k, top_p, min_p,
             pmax, thr, gsc, gidx, v, chunk, s,
-            S_POW2=s_pow2, num_warps=4, **common,
+            S_POW2=s_pow2, num_warps=num_warps, **common,
         )
     tok = torch.empty(b, dtype=torch.int64, device=dev)
     flag = torch.empty(b, dtype=torch.int8, device=dev)
