@@ -147,16 +147,15 @@ if HAS_TRITON:
     def _masked_logits(logits_ptr, lrow, mask_ptr, mrow, offs, V, W, HAS_MASK: tl.constexpr):
         """Sanitised float32 logits of a block (-inf where masked/NaN) and the allowed flags."""
         inb = offs < V
+        # logits and mask words are loaded independently (not "mask first, then only allowed
+        # logits"): on the H200 the dependent load chain cost more than the skipped sectors saved,
+        # even for sparse masks (BENCHMARKS.md, issue 4)
+        x = tl.load(logits_ptr + lrow + offs, mask=inb, other=float("nan")).to(tl.float32)
+        ok = inb & (x == x)
         if HAS_MASK:
-            # mask first, then load only allowed logits: sectors with no allowed token are never
-            # read, so sparse grammar masks cut the logits traffic, not just the result
             widx = offs >> 5
             words = tl.load(mask_ptr + tl.maximum(mrow, 0) * W + widx, mask=inb & (widx < W), other=0)
-            ok = tl.where(mrow < 0, inb, inb & (((words >> (offs & 31)) & 1) != 0))
-        else:
-            ok = inb
-        x = tl.load(logits_ptr + lrow + offs, mask=ok, other=float("nan")).to(tl.float32)
-        ok = ok & (x == x)
+            ok = tl.where(mrow < 0, ok, ok & (((words >> (offs & 31)) & 1) != 0))
         x = tl.minimum(x, 3.4028234663852886e38)
         x = tl.where(ok, x, float("-inf"))
         return x, ok
