@@ -22,6 +22,22 @@ from constrain.matcher import Matcher
 from constrain.vocabulary import Vocabulary
 from grammars.errors import GrammarError, LarkGrammarError, RegexError, SchemaError
 
+_ENGINE_NAMES = ("Engine", "ExtractionError", "Request")
+
+
+def __getattr__(name: str):
+    """``from constrain import Engine``: the engine layer, imported only when asked for.
+
+    constrain/ itself never depends on engine/ (which needs a model stack); this facade only
+    saves users an import line, as DESIGN.md promises.
+    """
+    if name in _ENGINE_NAMES:
+        import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'constrain' has no attribute {name!r}")
+
+
 __all__ = [
     "Vocabulary", "CompiledGrammar", "Matcher",
     "compile_json_schema", "compile_regex", "compile_lark", "compile_grammar",

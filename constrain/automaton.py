@@ -50,6 +50,7 @@ class TokenAutomaton:
         self.eos_token_ids = tuple(vocab.eos_token_ids)
         self.n_words = (vocab.vocab_size + 31) // 32
         self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._max_next: dict[int, float] = {}
         self._heads: OrderedDict[tuple[int, int], tuple[np.ndarray, TokenTrie | None]] = OrderedDict()
         self._mask_cache_size = mask_cache_size
         self._lock = threading.RLock()
@@ -190,6 +191,23 @@ class TokenAutomaton:
             missing = states
         if len(missing):
             self.table.ensure_rows(np.unique(missing))
+
+    def max_next_completion(self, state: int) -> float:
+        """The longest shortest-completion over the states the allowed tokens lead to.
+
+        A budget of that many bytes after the next token leaves the mask unchanged, so the
+        budget-aware close only needs its own mask below it. Cached per state.
+        """
+        got = self._max_next.get(state)
+        if got is None:
+            _, nexts = self.transitions(state)
+            got = 0.0
+            if len(nexts):
+                seen = np.zeros(int(nexts.max()) + 1, dtype=bool)
+                seen[nexts] = True
+                got = max(self.table.min_completion(int(e)) for e in np.nonzero(seen)[0])
+            self._max_next[state] = got
+        return got
 
     def budget_mask(self, state: int, max_bytes: float) -> np.ndarray:
         """Tokens after which the document can still be completed in at most ``max_bytes`` bytes."""

@@ -69,7 +69,7 @@ class Matcher:
         automaton = self._automaton
         if s == _TERMINATED:
             words = automaton.terminated_mask()
-        elif tokens_left is not None and automaton.table.min_completion(s) + 2 >= tokens_left:
+        elif tokens_left is not None and automaton.max_next_completion(s) > tokens_left - 2:
             words = automaton.budget_mask(s, tokens_left - 2)
         else:
             words = automaton.mask(s)

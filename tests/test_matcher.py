@@ -210,3 +210,18 @@ def test_min_completion_bytes() -> None:
     assert m.min_completion_bytes() == len(b'{"name":"","tags":[]}')
     m.accept_bytes(b'{"name":"x","tags":[[[')
     assert m.min_completion_bytes() == len(b"]]]}")
+
+
+def test_budget_close_sees_tokens_that_open_long_completions() -> None:
+    """A token such as '],[' can raise the shortest completion a lot in one step."""
+    vocab = constrain.Vocabulary.from_token_bytes([b"[", b"]", b"1", b",", b"],[[[[[", None], eos_token_ids=[5])
+    nested = ir.Grammar({**RECORD.rules, "start": ir.seq(ir.literal("["), ir.ref("items"), ir.literal("]"))})
+    compiled = constrain.compile_grammar(nested, vocab)
+    m = compiled.matcher()
+    for tok in (0, 0, 2):  # "[[1"
+        assert m.accept_token(tok)
+    bits = constrain.allocate_token_bitmask(1, vocab.vocab_size)
+    m.fill_next_token_bitmask(bits, 0, tokens_left=6)
+    allowed = np.nonzero(np.unpackbits(bits.numpy().view(np.uint8), bitorder="little"))[0].tolist()
+    assert 4 not in allowed  # "],[[[[[" needs 6 more closing bytes plus the stop token
+    assert 1 in allowed
