@@ -508,8 +508,11 @@ class Normalizer:
                     if ys is None:
                         return True  # forbidden in y
                     if xs and ys:  # present in x, so y's constraint on it applies too
-                        xf = self._flat_all(xs)
-                        yf = self._flat_all(ys)
+                        try:
+                            xf = self._flat_all(xs)
+                            yf = self._flat_all(ys)
+                        except SchemaError:  # e.g. a recursive definition still being flattened
+                            continue
                         if all(self.disjoint(m, n, depth + 1) for m in xf for n in yf):
                             return True
         return False
