@@ -46,6 +46,11 @@ class Options:
 
 
 _WS_BYTES = byte_set(b" \t\n\r")
+# Keywords that assert nothing: a schema made only of these accepts every value.
+_ANNOTATIONS = frozenset({
+    "title", "description", "default", "examples", "example", "$comment", "deprecated", "readOnly", "writeOnly",
+    "$schema", "$id", "id", "$anchor", "$defs", "definitions", "contentMediaType", "contentEncoding",
+})
 _EXPONENT_FREE = seq(optional(MINUS), NATURAL, optional(FRACTION))
 
 
@@ -145,6 +150,8 @@ class Translator:
             if stripped is None:
                 stripped = self._stripped[id(schema)] = {k: v for k, v in schema.items() if k not in ("enum", "const")}
             schema = stripped
+            if not schema.keys() - _ANNOTATIONS:
+                return True
         try:
             validator = self._validator()
             check = validator.evolve(schema=schema)
@@ -156,18 +163,22 @@ class Translator:
         v = self._validators.get("root")
         if v is None:
             import jsonschema
-            from referencing import Registry, Resource
-            from referencing.jsonschema import DRAFT202012, specification_with
 
             root = self.doc.root
             cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
-            spec = specification_with(cls.META_SCHEMA.get("$schema", ""), default=DRAFT202012)
-            resource = Resource(contents=root, specification=spec)
-            registry = Registry().with_resources([(self.doc.root_sub.base, resource), ("", resource)])
             checker = cls.FORMAT_CHECKER if self.options.format_mode == "enforce" else None
-            v = cls(root, registry=registry, format_checker=checker)
-            if self.doc.root_sub.base != "":
-                v = v.evolve(_resolver=registry.resolver(base_uri=self.doc.root_sub.base))
+            try:
+                from referencing import Registry, Resource
+                from referencing.jsonschema import DRAFT202012, specification_with
+            except ImportError:  # jsonschema < 4.18 resolves local references by itself
+                v = cls(root, format_checker=checker)
+            else:
+                spec = specification_with(cls.META_SCHEMA.get("$schema", ""), default=DRAFT202012)
+                resource = Resource(contents=root, specification=spec)
+                registry = Registry().with_resources([(self.doc.root_sub.base, resource), ("", resource)])
+                v = cls(root, registry=registry, format_checker=checker)
+                if self.doc.root_sub.base != "":
+                    v = v.evolve(_resolver=registry.resolver(base_uri=self.doc.root_sub.base))
             self._validators["root"] = v
         return v
 
