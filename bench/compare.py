@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--out", type=Path, default=None, help="raw JSONL (default bench/results/<stamp>.jsonl)")
     ap.add_argument("--write-benchmarks", action="store_true", help="append the report to BENCHMARKS.md")
+    ap.add_argument("--rereport", type=Path, default=None, metavar="JSONL",
+                    help="run nothing: rebuild the report of an earlier run from its raw JSONL (and its .md header), "
+                         "judging its failed walk documents again with the current validator")
     return ap.parse_args(argv)
 
 
@@ -78,8 +81,53 @@ def git_commit() -> str:
     return (git("rev-parse", "--short", "HEAD") or "?") + dirty
 
 
+def append_benchmarks(report: str) -> None:
+    path = REPO_ROOT / "BENCHMARKS.md"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(("\n" if path.exists() and path.stat().st_size else "# Benchmarks\n\n") + report)
+    print(f"appended to {path}", file=sys.stderr)
+
+
+def rereport(args: argparse.Namespace, command: str) -> int:
+    """The report of an earlier run, its walk verdicts judged again (documents kept in the JSONL)."""
+    from bench.data import make_checker
+    from bench.walk import judge_doc
+
+    recs = [json.loads(line) for line in args.rereport.read_text(encoding="utf-8").splitlines() if line.strip()]
+    subsets = sorted({r["subset"] for r in recs})
+    by_id = {c.id: c for c in load_cases(args.data, subsets, "all")}
+    results, engines, changed = [], [], 0
+    for r in recs:
+        engine, case = r.pop("engine"), by_id[r["id"]]
+        if engine not in engines:
+            engines.append(engine)
+        for w in r.get("walks", []):
+            doc = w.get("doc")
+            if doc is not None and len(doc.encode("utf-8")) < 2000:   # kept whole: judge again
+                verdict, msg = judge_doc(doc.encode("utf-8"), make_checker(case.schema, case.is_suite, args.data))
+                verdict = "finished" if verdict == "valid" else verdict
+                if verdict != w["status"]:
+                    changed += 1
+                    w["status"], w["detail"] = verdict, msg
+        results.append((engine, case, r))
+    order = sorted(engines, key=lambda e: ENGINES.index(e))
+    md = args.rereport.with_suffix(".md")
+    head = md.read_text(encoding="utf-8").split("\n### ", 1)[0].rstrip("\n") + "\n" if md.exists() else ""
+    head += (f"- report rebuilt by `{command}` at commit {git_commit()}; {changed} walk verdicts changed "
+             f"by judging the documents again\n\n")
+    report = head + build_report(order, results)
+    print(report)
+    args.rereport.with_suffix(".rereport.md").write_text(report, encoding="utf-8")
+    if args.write_benchmarks:
+        append_benchmarks(report)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    command = "python3 bench/compare.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    if args.rereport:
+        return rereport(args, command)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     for e in engines:
         if e not in ENGINES:
@@ -89,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out or REPO_ROOT / "bench" / "results" / f"{stamp}-{args.tokenizer}-{args.split}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python3 bench/compare.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     print(f"{len(cases)} schemas from {len(subsets)} subsets; engines {', '.join(engines)}; "
           f"tokenizer {args.tokenizer}; raw results -> {out}", file=sys.stderr)
 
@@ -130,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ran = [e for e in engines if versions.get(e)]
     skipped = [e for e in engines if not versions.get(e)]
     order = sorted(ran, key=lambda e: ENGINES.index(e))
-    body = build_report(order, [r for r in results if r[0] in ran], args.timeout)
+    body = build_report(order, [r for r in results if r[0] in ran])
     head = (f"## {datetime.date.today().isoformat()}: {args.tokenizer}, split {args.split}, "
             f"{len(cases)} schemas{'' if args.limit is None else f' (--limit {args.limit} per subset)'}\n\n"
             f"- command: `{command}`\n- commit: {git_commit()}\n- machine: {machine()}\n"
@@ -146,10 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report)
     out.with_suffix(".md").write_text(report, encoding="utf-8")
     if args.write_benchmarks:
-        path = REPO_ROOT / "BENCHMARKS.md"
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(("\n" if path.exists() and path.stat().st_size else "# Benchmarks\n\n") + report)
-        print(f"appended to {path}", file=sys.stderr)
+        append_benchmarks(report)
     return 0
 
 

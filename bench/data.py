@@ -23,6 +23,7 @@ JSB_SUBSETS = (
 )
 TS_PREFIX = "ts/"
 TS_REMOTE = "http://localhost:1234/"
+VALIDATOR_ERROR = "validator error: "
 
 
 @dataclass
@@ -153,6 +154,6 @@ def make_checker(schema: Any, suite: bool, data_dir: Path) -> Callable[[Any], tu
             ferr = next(iter(strict.iter_errors(instance)), None)
             return True, ferr is None, "" if ferr is None else "format: " + ferr.message[:300]
         except Exception as e:  # an unresolvable $ref, a recursion limit...
-            return False, False, f"validator error: {type(e).__name__}: {str(e)[:200]}"
+            return False, False, f"{VALIDATOR_ERROR}{type(e).__name__}: {str(e)[:200]}"
 
     return check

@@ -8,6 +8,12 @@ and against the bare model forward, on the same model and prompts.
 Usage (GPU machine; ``--random-weights`` when only the config and tokenizer can be carried):
     python3 bench/engine_gpu.py --model .bench_model --random-weights --device cuda \
         --batches 1,16,64,256 --max-tokens 128 --out $OUT/engine_gpu.json
+
+``--suite graph`` runs the CUDA-graph decode loop instead, for unconstrained, constrain and the
+anchors in the same loop, on SmolLM2-135M and a Llama-3-8B-shaped model (bench/engine_graph.py):
+    python3 bench/engine_gpu.py --prepare ../shared/data --data .bench_data   # here, once
+    python3 bench/engine_gpu.py --suite graph --model .bench_model --data .bench_data \
+        --batches 1,16,64,256 --max-tokens 64 --hf-baseline --out $OUT/engine_graph.json
 """
 
 from __future__ import annotations
@@ -124,7 +130,25 @@ def main() -> None:
     ap.add_argument("--modes", default="unconstrained,json_schema,mixed")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--suite", choices=("eager", "graph"), default="eager",
+                    help="graph: CUDA-graph decode loop, all engines, two models (bench/engine_graph.py)")
+    ap.add_argument("--models", default="smollm2,llama8b", help="graph suite: smollm2 and/or llama8b")
+    ap.add_argument("--data", default=".bench_data", help="graph suite: folder written by --prepare")
+    ap.add_argument("--tiny", action="store_true", help="graph suite: 2-layer Llama-3 stand-in (CPU smoke test)")
+    ap.add_argument("--hf-baseline", action="store_true", help="graph suite: also HF generate + xgrammar")
+    ap.add_argument("--prepare", default=None, metavar="DATA_DIR",
+                    help="write --data (schemas from DATA_DIR/jsonschemabench, Llama-3 tokenizer) and exit")
     args = ap.parse_args()
+    if args.prepare or args.suite == "graph":
+        from bench import engine_graph
+
+        if args.prepare:
+            engine_graph.prepare(Path(args.data), Path(args.prepare))
+            return
+        if args.modes == "unconstrained,json_schema,mixed":
+            args.modes = "none,constrain,constrain_host,xgrammar,llguidance"
+        engine_graph.run_suite(args)
+        return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     t0 = time.perf_counter()
     loaded = load(args)

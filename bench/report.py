@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import Any, Iterable
 
 BASELINE = "llguidance"
+FINISHED = ("finished", "format", "unsound", "unjudged")   # walk statuses of a completed document
 
 
 def pct(values: list[float], q: float) -> float:
@@ -30,7 +31,7 @@ def schema_passes(rec: dict) -> bool:
 class Stats:
     """Numbers of one engine over a set of records."""
 
-    def __init__(self, recs: list[dict], compile_timeout: float) -> None:
+    def __init__(self, recs: list[dict]) -> None:
         self.n = len(recs)
         st = [r["compile"]["status"] for r in recs]
         self.compiled = st.count("ok")
@@ -50,8 +51,8 @@ class Stats:
         self.tests = sum(1 for r in recs for i in r.get("instances", []) if "skipped" not in i) + sum(
             r.get("_ntests", 0) for r in recs if r["compile"]["status"] != "ok")
         self.tests_ok = self.valid_ok + self.invalid_ok
-        times = [r["compile"]["s"] for r in recs if r["compile"]["status"] == "ok"]
-        times += [compile_timeout] * self.timeouts
+        # a timeout enters at the timeout itself (its record's "s")
+        times = [r["compile"]["s"] for r in recs if r["compile"]["status"] in ("ok", "timeout")]
         self.compile_ms = [t * 1e3 for t in times]
         walks = [w for r in recs for w in r.get("walks", [])]
         self.walk_status: dict[str, int] = defaultdict(int)
@@ -111,9 +112,10 @@ def _walk_metrics() -> list[tuple[str, Any, int]]:
         return lambda s: str(sum(s.walk_status.get(k, 0) for k in keys))
 
     return [
-        ("walks finished / all", lambda s: f"{s.walk_status.get('finished', 0) + s.walk_status.get('format', 0) + s.walk_status.get('unsound', 0)} / {s.walks}", 0),
+        ("walks finished / all", lambda s: f"{sum(s.walk_status.get(k, 0) for k in FINISHED)} / {s.walks}", 0),
         ("**UNSOUND walks**", w("unsound"), 0),
         ("format-violating walks", w("format"), 0),
+        ("unjudged walks (validator cannot run)", w("unjudged"), 0),
         ("dead ends / refused / errors", lambda s: f"{s.walk_status.get('dead_end', 0)} / {s.walk_status.get('refused', 0)} / {s.walk_status.get('error', 0)}", 0),
     ]
 
@@ -147,6 +149,7 @@ def suite_table(engines: list[str], by_part: dict[str, dict[str, Stats]]) -> str
             ("tests passed % (uncompiled = failed)", lambda s: s.p(s.tests_ok, s.tests), 1),
             ("groups passing %", lambda s: s.p(s.passed, s.n), 1),
             ("**UNSOUND walks**", lambda s: str(s.walk_status.get("unsound", 0)), 0),
+            ("unjudged walks (validator cannot run)", lambda s: str(s.walk_status.get("unjudged", 0)), 0),
         ]
         for r in _rows(engines, stats, metrics):
             rows.append([part] + r)
@@ -162,17 +165,19 @@ def subset_table(engines: list[str], by_subset: dict[str, dict[str, Stats]]) -> 
     return _table(["subset", "schemas"] + [f"{e} compiled % / pass %" for e in engines], rows)
 
 
-def unsound_examples(results: Iterable[tuple[str, Any, dict]], most: int = 15) -> str:
+def unsound_examples(results: Iterable[tuple[str, Any, dict]], per_engine: int = 4) -> str:
     lines = []
+    shown: dict[str, int] = defaultdict(int)
     for engine, case, rec in results:
         for w in rec.get("walks", []):
-            if w["status"] == "unsound" and len(lines) < most:
+            if w["status"] == "unsound" and shown[engine] < per_engine:
+                shown[engine] += 1
                 doc = w.get("doc", "").replace("|", "\\|").replace("\n", " ")[:160]
                 lines.append(f"- {engine} `{case.id}`: {w.get('detail', '')[:160]} — doc `{doc}`")
     return "\n".join(lines)
 
 
-def build_report(engines: list[str], results: list[tuple[str, Any, dict]], compile_timeout: float) -> str:
+def build_report(engines: list[str], results: list[tuple[str, Any, dict]]) -> str:
     """results: (engine, case, record) triples -> the markdown report."""
     for _, case, rec in results:
         rec["_ntests"] = len(case.tests)
@@ -187,16 +192,16 @@ def build_report(engines: list[str], results: list[tuple[str, Any, dict]], compi
             by[("sub:" + case.subset, engine)].append(rec)
     out = []
     if any(k[0] == "jsb" for k in by):
-        stats = {e: Stats(by[("jsb", e)], compile_timeout) for e in engines}
+        stats = {e: Stats(by[("jsb", e)]) for e in engines}
         out.append("### JSONSchemaBench\n\n" + jsb_table(engines, stats))
         subsets = sorted({k[0][4:] for k in by if k[0].startswith("sub:")})
         out.append("Per subset:\n\n" + subset_table(
-            engines, {s: {e: Stats(by[("sub:" + s, e)], compile_timeout) for e in engines} for s in subsets}))
+            engines, {s: {e: Stats(by[("sub:" + s, e)]) for e in engines} for s in subsets}))
     parts = sorted({k[0][3:] for k in by if k[0].startswith("ts:")}, key=lambda p: (p != "suite w/o format", p))
     if parts:
-        by_part = {p: {e: Stats(by[("ts:" + p, e)], compile_timeout) for e in engines} for p in parts}
+        by_part = {p: {e: Stats(by[("ts:" + p, e)]) for e in engines} for p in parts}
         out.append("### JSON Schema Test Suite (draft2020-12)\n\n" + suite_table(engines, by_part))
-        ts_stats = {e: Stats([r for p in parts for r in by[("ts:" + p, e)]], compile_timeout) for e in engines}
+        ts_stats = {e: Stats([r for p in parts for r in by[("ts:" + p, e)]]) for e in engines}
         out.append("Test-suite compile and mask times:\n\n" + _table(
             ["metric"] + engines, _rows(engines, ts_stats, [
                 ("compile ms p50", lambda s: pct(s.compile_ms, 50) if s.compile_ms else None, 2),

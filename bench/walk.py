@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from bench.data import VALIDATOR_ERROR
 from bench.engines import Compiled
 from bench.tok import Tok
 
@@ -120,7 +121,7 @@ def check_instance(compiled: Compiled, masks: Masks, ids: list[int]) -> dict[str
 
 
 def judge_doc(doc: bytes, check: Callable[[Any], tuple[bool, bool, str]]) -> tuple[str, str]:
-    """A finished walk's document -> ("valid"|"format"|"unsound", message)."""
+    """A finished walk's document -> ("valid"|"format"|"unsound"|"unjudged", message)."""
     import json
 
     try:
@@ -128,6 +129,8 @@ def judge_doc(doc: bytes, check: Callable[[Any], tuple[bool, bool, str]]) -> tup
     except (UnicodeDecodeError, ValueError) as e:
         return "unsound", f"not JSON: {e}"
     ok, format_ok, msg = check(value)
+    if msg.startswith(VALIDATOR_ERROR):  # e.g. a pattern Python's `re` cannot compile: no verdict
+        return "unjudged", msg
     if not ok:
         return "unsound", msg
     return ("valid", "") if format_ok else ("format", msg)

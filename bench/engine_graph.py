@@ -1,0 +1,324 @@
+"""Graph-decode engine throughput: unconstrained vs constrain vs xgrammar / llguidance in one loop.
+
+Why: with eager transformers decode (~80-100 ms a step) constraint overhead is invisible. Here
+every engine runs in the same ``GraphScheduler`` loop over CUDA-graph decode steps:
+- ``none``: unconstrained (same graphs, no mask);
+- ``constrain``: masks gathered on the GPU from the state table (no per-step host mask work);
+- ``constrain_host``, ``xgrammar``, ``llguidance``: each row's matcher fills its bitmask row on the
+  host every step while the forward graph runs; the mask is applied inside the same fused
+  sampler (``kernels.sample``) for all three, so only the mask production differs;
+- ``hf_xgrammar``: plain ``model.generate()`` with xgrammar's HF logits processor (baseline).
+
+Models: the SmolLM2-135M config (real tokenizer) and a Llama-3-8B-shaped model (128k vocab, built
+on the device from its config), both with **random** weights. Called from ``engine_gpu.py
+--suite graph``; ``--prepare DIR`` writes the small carried data (schemas, Llama-3 tokenizer file).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.tok import Tok
+from engine.generate import run_requests
+from engine.graph_loop import GraphScheduler
+from engine.graph_runner import BATCH_BUCKETS, GraphRunner
+from engine.sampler import SamplingParams
+from engine.types import GenerationRequest
+
+SCHEMAS = [("Glaiveai2K", 0), ("Glaiveai2K", 2), ("Github_easy", 0), ("Kubernetes", 1)]
+PROMPT = "Produce one JSON object for this schema, item {i}: {schema}"
+LLAMA3_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                 intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192,
+                 rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                 bos_token_id=128000, eos_token_id=[128001, 128009])
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def prepare(out: Path, data_dir: Path) -> None:
+    """Copy the few schemas and the Llama-3 tokenizer file the device run needs (never committed)."""
+    from constrain import tokenizers
+
+    out.mkdir(parents=True, exist_ok=True)
+    schemas = []
+    for subset, idx in SCHEMAS:
+        with gzip.open(data_dir / "jsonschemabench" / f"{subset}.jsonl.gz", "rt") as fh:
+            for i, line in enumerate(fh):
+                if i == idx:
+                    schemas.append({"id": f"{subset}/{idx}", "schema": json.loads(line)["schema"]})
+                    break
+    (out / "schemas.json").write_text(json.dumps(schemas))
+    shutil.copy(tokenizers.package_file("llama_models", "llama3", "tokenizer.model"), out / "llama3.tiktoken")
+    tk = tokenizers.llama3_tokenizer()
+    (out / "llama3.json").write_text(json.dumps({"special": tk.special_tokens, "pat_str": tk.model._pat_str}))
+
+
+# -- models and vocabularies ------------------------------------------------------------------
+def smol(model_dir: str, device: str) -> tuple[Any, Tok, Any]:
+    """SmolLM2-135M config + real tokenizer, random bf16 weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from constrain import Vocabulary
+
+    tk = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    cfg = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    width = int(model.get_output_embeddings().weight.shape[0])
+    vocab = Vocabulary.from_hf(tk, vocab_size=width, eos_tokens=[int(tk.eos_token_id)])
+
+    def encode(s: str) -> list[int]:
+        return list(tk(s, add_special_tokens=False)["input_ids"])
+
+    tok = Tok("smollm2", vocab, list(vocab.token_bytes), tuple(vocab.eos_token_ids), int(vocab.vocab_size), encode)
+    return model, tok, tk
+
+
+def llama8b(data: Path, device: str, tiny: bool = False) -> tuple[Any, Tok, Any]:
+    """Llama-3-8B shape (random bf16 weights, built on the device) + the real Llama-3 vocabulary."""
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from constrain import Vocabulary
+
+    meta = json.loads((data / "llama3.json").read_text())
+    path = data / "llama3.tiktoken"
+    vocab = Vocabulary.from_tiktoken(path, special_tokens=meta["special"],
+                                     eos_tokens=["<|eot_id|>", "<|end_of_text|>"], name="llama3")
+    enc = tiktoken.Encoding("llama3", pat_str=meta["pat_str"], mergeable_ranks=load_tiktoken_bpe(str(path)),
+                            special_tokens=meta["special"])
+
+    def encode(s: str) -> list[int]:
+        return list(enc.encode(s, allowed_special=set(), disallowed_special=()))
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        shape = dict(LLAMA3_8B, **(dict(hidden_size=256, num_hidden_layers=2, intermediate_size=512) if tiny else {}))
+        model = LlamaForCausalLM(LlamaConfig(**shape)).to(torch.bfloat16).eval()
+    tok = Tok("llama3", vocab, list(vocab.token_bytes), tuple(vocab.eos_token_ids), int(vocab.vocab_size), encode)
+    return model, tok, enc
+
+
+# -- the engine loop --------------------------------------------------------------------------
+class Timed(GraphScheduler):
+    """A ``GraphScheduler`` that records the wall time and live rows of each decode step."""
+
+    def step(self):  # type: ignore[override]
+        admit = bool(self.waiting) and len(self.rows) < self.runner.max_rows
+        live = sum(r.finish_reason is None for r in self.rows)
+        t0 = time.perf_counter()
+        out = super().step()
+        if not admit:
+            self.log.append((time.perf_counter() - t0, live))
+        return out
+
+
+def make_requests(tok: Tok, schemas: list[dict], compiled: list[Any], batch: int, max_tokens: int,
+                  bos: list[int]) -> list[GenerationRequest]:
+    out = []
+    for i in range(batch):
+        k = i % len(schemas)
+        ids = bos + tok.encode(PROMPT.format(i=i, schema=json.dumps(schemas[k]["schema"])[:160]))
+        out.append(GenerationRequest(ids, compiled[k] if compiled else None, SamplingParams(0.0), max_tokens,
+                                     stop_token_ids=frozenset() if not compiled else frozenset(tok.eos_token_ids),
+                                     force_tokens=False, budget_close=False))
+    return out
+
+
+def run_suite(args: Any) -> None:
+    """``engine_gpu.py --suite graph``: both models, every mode and batch, one table."""
+    data = Path(args.data)
+    schemas = json.loads((data / "schemas.json").read_text())
+    batches = [int(x) for x in args.batches.split(",")]
+    modes = args.modes.split(",")
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.out:
+            Path(args.out).write_text(json.dumps(rows, indent=1))
+
+    for name in args.models.split(","):
+        t0 = time.perf_counter()
+        dev = args.device
+        model, tok, _ = smol(args.model, dev) if name == "smollm2" else llama8b(data, dev, args.tiny)
+        floor = physical_floor(model) if dev == "cuda" else {}
+        emit({"model": name, "load_s": round(time.perf_counter() - t0, 1), **floor})
+        bench_model(name, model, tok, schemas, batches, modes, args.max_tokens, args.hf_baseline, emit)
+        del model
+        torch.cuda.empty_cache()
+    cols = modes + (["hf_xgrammar"] if args.hf_baseline else [])
+    print("\ntokens/s end to end (steady-state full-batch tokens/s in brackets; step ms)")
+    print("| model | batch | " + " | ".join(cols) + " |")
+    print("|---" * (len(cols) + 2) + "|")
+    for name in args.models.split(","):
+        for b in batches:
+            cells = []
+            for m in cols:
+                r = next((r for r in rows if r.get("model") == name and r.get("mode") == m and r.get("batch") == b), None)
+                cells.append("-" if r is None else f"{r['tok_per_s']} [{r.get('steady_tok_per_s')}; {r['step_ms']} ms]")
+            print(f"| {name} | {b} | " + " | ".join(cells) + " |")
+
+
+def run_cell(sched: Timed, reqs: list[GenerationRequest], matchers: list[Any] | None) -> dict:
+    sched.log = []
+    ids = [sched.add(r, matchers[i] if matchers else None) for i, r in enumerate(reqs)]
+    index = {rid: i for i, rid in enumerate(ids)}
+    results: list[Any] = [None] * len(reqs)
+    _sync()
+    t0 = time.perf_counter()
+    while any(r is None for r in results):
+        for rid, res in sched.step():
+            results[index[rid]] = res
+    wall = time.perf_counter() - t0
+    batch = len(reqs)
+    full = [t for t, live in sched.log if live == batch]
+    step = statistics.median(full) if full else float("nan")
+    tokens = sum(len(r.token_ids) + (r.finish_reason == "stop") for r in results)
+    return {"tok_per_s": round(tokens / wall, 1), "step_ms": round(1e3 * step, 3),
+            "steady_tok_per_s": round(batch / step, 1) if full else None, "full_steps": len(full),
+            "tokens": tokens, "wall_s": round(wall, 3), "stop": sum(r.finish_reason == "stop" for r in results)}
+
+
+def hf_generate(model: Any, tok: Tok, xgr_compiled: list[Any], batch: int, max_tokens: int, bos: list[int]) -> dict:
+    """``model.generate`` (eager, DynamicCache) with xgrammar's logits processor, greedy."""
+    import xgrammar as xgr
+
+    rows = [bos + tok.encode(PROMPT.format(i=i, schema=json.dumps(xgr_compiled[i % len(xgr_compiled)][1])[:160]))
+            for i in range(batch)]
+    width = max(map(len, rows))
+    pad = tok.eos_token_ids[0]
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=model.device)
+    if ids.device.type == "cpu":
+        model = model.float()
+    att = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=model.device)
+    proc = xgr.contrib.hf.LogitsProcessor([xgr_compiled[i % len(xgr_compiled)][0] for i in range(batch)])
+    _sync()
+    t0 = time.perf_counter()
+    out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_tokens, do_sample=False,
+                         logits_processor=[proc], pad_token_id=pad, eos_token_id=list(tok.eos_token_ids))
+    _sync()
+    wall = time.perf_counter() - t0
+    new = out[:, width:]
+    tokens = int((new != pad).sum()) + int((new == pad).any(1).sum())
+    return {"tok_per_s": round(tokens / wall, 1), "tokens": tokens, "wall_s": round(wall, 3),
+            "step_ms": round(1e3 * wall / new.shape[1], 3)}
+
+
+def check_replay(model: Any, tok: Tok, schemas: list[dict], bos: list[int]) -> dict:
+    """Replayed graphs vs the same steps run eagerly, and vs the eager engine (``Scheduler``):
+    greedy token ids of 6 constrained + 2 unconstrained requests, 24 tokens."""
+    import constrain
+    from engine.runner import ModelRunner
+    from engine.scheduler import Scheduler
+
+    compiled = [constrain.compile_json_schema(s["schema"], tok.vocab) for s in schemas]
+    reqs = make_requests(tok, schemas, compiled, 6, 24, bos) + make_requests(tok, schemas, [], 2, 24, bos)
+    outs = []
+    for graphs in (torch.cuda.is_available(), False):
+        run = GraphRunner(model, 8, 256, mask_words=(tok.vocab_size + 31) // 32, use_graphs=graphs)
+        outs.append([r.token_ids for r in run_requests(GraphScheduler(run, tok.vocab), reqs)])
+        del run
+    eager = run_requests(Scheduler(ModelRunner(model, 8, 256), tok.vocab, tok.encode), reqs)
+    same_eager = sum(a == r.token_ids for a, r in zip(outs[0], eager))
+    return {"check": "graph replay == eager static steps", "equal": outs[0] == outs[1],
+            "rows_equal_to_eager_scheduler": f"{same_eager}/{len(reqs)}"}
+
+
+def physical_floor(model: Any) -> dict:
+    """Weight bytes over the measured device-to-device copy bandwidth (read + write counted)."""
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    a = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    _sync()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(10):
+        b.copy_(a)
+    e1.record()
+    _sync()
+    bw = 2 * a.numel() * 10 / (e0.elapsed_time(e1) / 1e3)
+    del a, b
+    return {"weight_gb": round(nbytes / 1e9, 2), "copy_tb_s": round(bw / 1e12, 2),
+            "floor_ms": round(1e3 * nbytes / bw, 3)}
+
+
+def bench_model(name: str, model: Any, tok: Tok, schemas: list[dict], batches: list[int], modes: list[str],
+                max_tokens: int, hf: bool, emit) -> None:
+    """Every mode at every batch for one model; rows go to ``emit``."""
+    from bench.engines import LLGuidance, XGrammar, Constrain
+
+    import constrain
+
+    bos = [128000] if tok.name == "llama3" else []
+    if name == "smollm2":
+        emit({"model": name, **check_replay(model, tok, schemas, bos)})
+    compiled = [constrain.compile_json_schema(s["schema"], tok.vocab) for s in schemas]
+    anchors: dict[str, Any] = {}
+    for mode in modes:
+        t0 = time.perf_counter()
+        if mode == "xgrammar":
+            import xgrammar as xgr
+
+            eng = XGrammar.__new__(XGrammar)
+            eng.tok = tok
+            info = xgr.TokenizerInfo([b if b is not None else b"" for b in tok.token_bytes], xgr.VocabType.RAW,
+                                     vocab_size=tok.vocab_size, stop_token_ids=list(tok.eos_token_ids))
+            eng.compiler = xgr.GrammarCompiler(info, max_threads=8, cache_enabled=False)
+            anchors[mode] = [eng.compile(s["schema"]) for s in schemas]
+        elif mode == "llguidance":
+            eng = LLGuidance(tok)
+            anchors[mode] = [eng.compile(s["schema"]) for s in schemas]
+        elif mode == "constrain_host":
+            eng = Constrain.__new__(Constrain)
+            eng.tok, eng.constrain = tok, constrain
+            anchors[mode] = [eng.compile(s["schema"]) for s in schemas]
+        emit({"model": name, "mode": mode, "setup_s": round(time.perf_counter() - t0, 2)})
+    need = max(len(r.prompt_ids) for r in make_requests(tok, schemas, [], max(batches), 1, bos)) + max(max_tokens, 8) + 1
+    runner = GraphRunner(model, max(batches), -(-need // 64) * 64, mask_words=(tok.vocab_size + 31) // 32)
+    lengths = sorted({runner.length_bucket(n) for n in range(1, runner.max_len + 1)})
+    for b in BATCH_BUCKETS:  # capture ahead of the timed runs: every bucket a run can reach
+        if b <= runner.max_rows:
+            runner.capture(b, lengths)
+    scheds = {m: Timed(runner, tok.vocab, mode="none" if m == "none" else "table" if m == "constrain" else "host")
+              for m in modes}
+    for m, sc in scheds.items():  # warm-up: sample graphs, Triton JIT, first constraint states
+        reqs = make_requests(tok, schemas, [] if m == "none" else compiled, 4, 8, bos)
+        run_cell(sc, reqs, [anchors[m][i % len(schemas)].matcher() for i in range(4)] if m in anchors else None)
+    for b in batches:
+        for m in modes:
+            reqs = make_requests(tok, schemas, [] if m == "none" else compiled, b, max_tokens, bos)
+            matchers = [anchors[m][i % len(schemas)].matcher() for i in range(b)] if m in anchors else None
+            row = {"model": name, "mode": m, "batch": b, **run_cell(scheds[m], reqs, matchers)}
+            if m == "constrain":
+                row["misses"] = scheds[m].cache.misses
+            emit(row)
+    del runner, scheds
+    torch.cuda.empty_cache()
+    if hf:
+        import xgrammar as xgr
+
+        info = xgr.TokenizerInfo([b if b is not None else b"" for b in tok.token_bytes], xgr.VocabType.RAW,
+                                 vocab_size=tok.vocab_size, stop_token_ids=list(tok.eos_token_ids))
+        comp = xgr.GrammarCompiler(info, max_threads=8)
+        xc = [(comp.compile_json_schema(json.dumps(s["schema"]), any_whitespace=False, separators=(",", ":"),
+                                        strict_mode=False), s["schema"]) for s in schemas]
+        hf_generate(model, tok, xc, 2, 4, bos)  # warm-up
+        for b in batches:
+            emit({"model": name, "mode": "hf_xgrammar", "batch": b, **hf_generate(model, tok, xc, b, max_tokens, bos)})
