@@ -74,7 +74,9 @@ class ExprTable:
         self._rule_body: list[int | None] = [None] * len(self._rule_nodes)
         self._rule_min = rule_min_lengths(grammar)
         self._min: dict[int, float] = {}
-        self._converted: dict[ir.Node, int] = {}
+        # Keyed by identity: equal-but-distinct subtrees would cost a deep __eq__ per lookup, and
+        # interning merges them anyway.
+        self._converted: dict[int, int] = {}
         self._expanding: set[int] = set()
         self._deriving: set[int] = set()
         self._new(K_NOTHING, (), False, False)
@@ -261,7 +263,7 @@ class ExprTable:
 
     def _convert(self, node: ir.Node) -> int:
         """Intern an IR tree. Iterative over ``Seq``/``Alt`` children to survive deep inputs."""
-        done = self._converted.get(node)
+        done = self._converted.get(id(node))
         if done is not None:
             return done
         if isinstance(node, ir.Bytes):
@@ -285,7 +287,7 @@ class ExprTable:
             out = self._mk_ref(rule) if self._rule_min.get(node.name, INFINITE) < INFINITE else NOTHING
         else:
             raise TypeError(f"not an IR node: {node!r}")
-        self._converted[node] = out
+        self._converted[id(node)] = out
         return out
 
     def _body(self, rule: int) -> int:
@@ -537,11 +539,11 @@ def rule_min_lengths(grammar: ir.Grammar) -> dict[str, float]:
     """
     known: dict[str, float] = {}
     while True:
-        memo: dict[ir.Node, float] = {}
+        memo: dict[int, float] = {}  # by identity (the grammar keeps every node alive)
         visiting: set[str] = set()
 
         def size(node: ir.Node) -> float:
-            got = memo.get(node)
+            got = memo.get(id(node))
             if got is not None:
                 return got
             if isinstance(node, ir.Bytes):
@@ -566,7 +568,7 @@ def rule_min_lengths(grammar: ir.Grammar) -> dict[str, float]:
                 return out
             else:
                 raise TypeError(f"not an IR node: {node!r}")
-            memo[node] = out
+            memo[id(node)] = out
             return out
 
         changed = False
