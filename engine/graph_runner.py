@@ -1,0 +1,198 @@
+"""Decode steps replayed from CUDA graphs: static buffers, one graph per (rows, length) bucket.
+
+Why: an eager decode step of a transformers model is ~450 kernel launches plus Python per
+layer, ~80-100 ms at any batch on an H200, so the GPU idles and constraint overhead cannot even
+be seen. Replaying a captured graph costs a few microseconds of host time per step.
+
+What is captured (per bucket, lazily, on first use):
+- ``forward`` graph per (rows, attended length): ``StaticDecoder.step`` on the static ``ids`` /
+  ``pos`` buffers, logits into the static ``logits`` buffer;
+- ``sample`` graph per (rows, mode): the fused sampler over those logits, masks taken
+  - ``table``: from the GPU ``StateTable`` by each row's state (``kernels.constrained_step``:
+    sample, then advance the state on the GPU; misses flagged for the host),
+  - ``host``: from the static ``masks`` buffer that the host filled for this step,
+  - ``none``: no mask;
+  then the step's outputs become the next step's inputs on the GPU (ids <- token, pos += 1,
+  draws += 1, states <- next state), so a steady-state step needs no host writes at all.
+
+Rows are KV slots ``0..rows-1``; rows past the live ones (bucket padding, finished sequences)
+run along with positions past the cache end (scratch column) or unconstrained states.
+
+Without CUDA (CI) every call runs the same functions eagerly: the graph layer is only capture
+and replay around them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.runner import ModelRunner
+from engine.static_decoder import StaticDecoder
+from kernels import StateTable, constrained_step, sample
+
+logger = logging.getLogger("constrain")
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+MIN_LENGTH_BUCKET = 64
+_MIX = 0x9E3779B97F4A7C15
+_DRAW = 0xBF58476D1CE4E5B9 - (1 << 64)  # as int64: products wrap mod 2^64 like engine.sampler's
+_MASK63 = (1 << 63) - 1
+
+
+def batch_bucket(n: int) -> int:
+    for b in BATCH_BUCKETS:
+        if b >= n:
+            return b
+    raise ValueError(f"batch {n} exceeds the largest bucket {BATCH_BUCKETS[-1]}")
+
+
+def seed_base(seed: int) -> int:
+    """``seed * MIX`` as a wrapped int64, the per-request half of ``engine.sampler.step_seed``."""
+    v = (seed * _MIX) & ((1 << 64) - 1)
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+class GraphRunner:
+    """Static decode buffers over a ``ModelRunner``'s slot cache, with captured replays on CUDA."""
+
+    def __init__(self, model: torch.nn.Module, max_batch: int, max_len: int, mask_words: int,
+                 use_graphs: bool | None = None) -> None:
+        self.max_rows = batch_bucket(max_batch)
+        self.runner = ModelRunner(model, self.max_rows, max_len)  # eager prefill, same cache
+        self.decoder = StaticDecoder(model, self.runner.cache)
+        dev = self.device = self.runner.device
+        self.use_graphs = dev.type == "cuda" if use_graphs is None else use_graphs
+        n = self.max_rows
+        vocab = self.runner._head.weight.shape[0]
+        self.ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.pos = torch.full((n,), max_len, dtype=torch.int64, device=dev)
+        self.states = torch.full((n,), -1, dtype=torch.int32, device=dev)
+        self.temperature = torch.zeros(n, dtype=torch.float32, device=dev)
+        self.base = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.draws = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.masks = torch.full((n, mask_words), -1, dtype=torch.int32, device=dev)
+        self.mask_index = torch.arange(n, dtype=torch.int32, device=dev)
+        self.logits = torch.zeros(n, vocab, dtype=torch.float32, device=dev)
+        self.out = torch.zeros(3, n, dtype=torch.int64, device=dev)  # token, state after, miss
+        self.out_host = torch.zeros(3, n, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._table_gen: tuple[int, int] | None = None
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+
+    @property
+    def max_len(self) -> int:
+        return self.runner.max_len
+
+    def length_bucket(self, need: int) -> int:
+        """Attended columns for a step whose longest live row has ``need`` tokens after it."""
+        b = MIN_LENGTH_BUCKET
+        while b < need:
+            b *= 2
+        return min(b, self.max_len)
+
+    # -- the step bodies (eager on CPU, captured on CUDA) -------------------------------------
+    def _forward(self, rows: int, length: int) -> None:
+        self.logits[:rows].copy_(self.decoder.step(self.ids[:rows], self.pos[:rows], length))
+
+    def _sample(self, lo: int, hi: int, mode: str, table: StateTable | None) -> None:
+        sl = slice(lo, hi)
+        seeds = (self.base[sl] ^ (self.draws[sl] * _DRAW + 1)) & _MASK63
+        logits, temp = self.logits[sl], self.temperature[sl]
+        if mode == "table":
+            assert table is not None
+            tok, nxt, miss, _ = constrained_step(logits, table, self.states[sl], temperature=temp, seeds=seeds)
+            self.states[sl].copy_(nxt)
+            self.out[2, sl].copy_(miss)
+        else:
+            masks, index = (self.masks, self.mask_index[sl]) if mode == "host" else (None, None)
+            tok, _ = sample(logits, masks, index, temperature=temp, seeds=seeds)
+            self.out[2, sl].zero_()
+        self.out[0, sl].copy_(tok)
+        self.out[1, sl].copy_(self.states[sl])
+        self.ids[sl].copy_(tok.clamp(min=0))
+        self.pos[sl] += 1
+        self.draws[sl] += 1
+
+    # -- public steps -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, rows: int, length: int) -> None:
+        """Logits of one decode step for rows ``0..rows-1`` (a bucket) into ``self.logits``."""
+        self._run(("fwd", rows, length), lambda: self._forward(rows, length))
+
+    @torch.inference_mode()
+    def sample(self, rows: int, mode: str, table: StateTable | None = None) -> None:
+        """Sample rows ``0..rows-1`` from ``self.logits``; outputs in ``self.out``, inputs advanced."""
+        if table is not None and (id(table), table.generation) != self._table_gen:
+            # The table reallocated (grew): graphs holding its old tensors must be captured again.
+            self._graphs = {k: g for k, g in self._graphs.items() if k[0] != "table"}
+            self._table_gen = (id(table), table.generation)
+        key = ("table" if mode == "table" else "sample", rows, mode)
+        self._run(key, lambda: self._sample(0, rows, mode, table))
+
+    @torch.inference_mode()
+    def sample_rows(self, lo: int, hi: int, mode: str, table: StateTable | None = None) -> None:
+        """Eager sampling of rows ``lo..hi-1`` (first tokens after a prefill)."""
+        self._sample(lo, hi, mode, table)
+
+    @torch.inference_mode()
+    def capture(self, rows: int, lengths: list[int]) -> None:
+        """Capture the forward graphs of ``rows`` for each attended length ahead of time, so no
+        capture happens inside a timed run. (The warm-up writes KV of rows at their current
+        positions: call it between runs, not while sequences are live.)"""
+        if not self.use_graphs:
+            return
+        for length in lengths:
+            key = ("fwd", rows, length)
+            if key not in self._graphs:
+                self._graphs[key] = self._capture(lambda: self._forward(rows, length))
+
+    def fetch(self, rows: int) -> torch.Tensor:
+        """(3, rows) int64 on the host: sampled token, state after, miss flag. Synchronises."""
+        self.out_host[:, :rows].copy_(self.out[:, :rows], non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        return self.out_host[:, :rows]
+
+    def _run(self, key: tuple, fn) -> None:
+        if not self.use_graphs:
+            fn()
+            return
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = self._capture(fn)
+        graph.replay()
+
+    def _capture(self, fn) -> torch.cuda.CUDAGraph:
+        """Warm up (Triton JIT, cuBLAS plans) on a side stream, then capture. The warm-up really
+        runs, so the step inputs it advances are restored afterwards; its KV writes are the same
+        ones the next real step makes."""
+        saved = [t.clone() for t in (self.ids, self.pos, self.states, self.draws, self.out)]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        for t, s in zip((self.ids, self.pos, self.states, self.draws, self.out), saved):
+            t.copy_(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            fn()
+        logger.debug("captured decode graph %s", fn)
+        return graph
+
+    # -- slot compaction ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def compact(self, keep: list[int], length: int) -> None:
+        """Move rows ``keep`` (ascending) to rows ``0..len(keep)-1``: buffers and ``length``
+        columns of their KV slots."""
+        k = len(keep)
+        if keep == list(range(k)):
+            return
+        idx = torch.as_tensor(keep, dtype=torch.int64, device=self.device)
+        for buf in (self.ids, self.pos, self.states, self.temperature, self.base, self.draws):
+            buf[:k] = buf[idx]
+        cache = self.runner.cache
+        for buf in (*cache.keys, *cache.values):
+            buf[:k, :, :length] = buf[idx, :, :length]

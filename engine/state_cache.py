@@ -1,0 +1,123 @@
+"""Constraint states of every grammar in one GPU ``StateTable``, filled lazily by the host.
+
+Why one table for all grammars: the fused sampler reads one mask table by per-row index, and a
+batch mixes requests with different constraints. Each (grammar, local state) gets a dense
+global row id the first time it is seen; the table's hash maps (global state, token) to the
+global next state. Rows and transitions come from constrain (``state_mask``, ``next_state``,
+``state_transitions``): this module never computes a mask itself.
+
+Misses (a (state, token) pair or a next state the table does not hold yet) are resolved here,
+in one batch per step. The first miss out of a state also tries to load *all* its transitions
+(``state_transitions``), if they lead to few distinct states (keys, punctuation, enum values,
+string bodies): after that, decoding through that state needs no host work at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from constrain import CompiledGrammar
+from kernels import StateTable
+
+EXPAND_MAX_NEXT = 64  # load all transitions of a state when they reach at most this many states
+
+
+class StateCache:
+    """Global state ids over several compiled grammars, backed by one ``kernels.StateTable``."""
+
+    def __init__(self, mask_words: int, device: torch.device | str, states: int = 1024,
+                 transitions: int = 1 << 16) -> None:
+        self.table = StateTable(mask_words, device=device, state_capacity=states, transition_capacity=1024)
+        self.table.reserve(states, transitions)
+        self._grammars: dict[int, tuple[CompiledGrammar, int]] = {}  # id(cg) -> (cg, index)
+        self._ids: dict[tuple[int, int], int] = {}  # (grammar index, local) -> global
+        self._where: list[tuple[CompiledGrammar, int]] = []  # global -> (cg, local)
+        self._expanded: set[int] = set()
+        self._stored: set[int] = set()  # global ids whose mask row is in the table
+        self.misses = 0
+        self.expansions = 0
+
+    def initial(self, cg: CompiledGrammar) -> int:
+        """Global id of ``cg``'s start state (its mask row is stored)."""
+        gid = self._global(cg, cg.initial_state)
+        self._store([gid])
+        return gid
+
+    def is_accepting(self, gid: int) -> bool:
+        cg, local = self._where[gid]
+        return cg.is_accepting(local)
+
+    def only_stop(self, gid: int) -> bool:
+        """Whether the document is complete in ``gid`` and nothing but a stop token may follow."""
+        cg, local = self._where[gid]
+        if not cg.is_accepting(local):
+            return False
+        words = cg.state_mask(local).view(np.uint32).copy()
+        for e in cg.vocab.eos_token_ids:
+            if e < 32 * len(words):
+                words[e >> 5] &= np.uint32(~(1 << (e & 31)) & 0xFFFFFFFF)
+        return not bool(words.any())
+
+    def resolve(self, states: Sequence[int], tokens: Sequence[int]) -> list[int]:
+        """Next global state of each (state, token) miss; -1 where the token is not allowed.
+
+        Stores the rows and transitions in the table, so the same pair never misses again.
+        """
+        out, pairs, new = [], [], []
+        for gid, tok in zip(states, tokens):
+            self.misses += 1
+            cg, local = self._where[gid]
+            if gid not in self._expanded:
+                self._expanded.add(gid)
+                new.extend(self._expand(gid, cg, local))
+            nxt = cg.next_state(local, int(tok))
+            if nxt < 0:
+                out.append(-1)
+                continue
+            ng = self._global(cg, nxt)
+            new.append(ng)
+            pairs.append((gid, int(tok), ng))
+            out.append(ng)
+        self._store(new)
+        if pairs:
+            arr = torch.as_tensor(pairs, dtype=torch.int64)
+            self.table.add_transitions(arr[:, 0], arr[:, 1], arr[:, 2])
+        return out
+
+    def _expand(self, gid: int, cg: CompiledGrammar, local: int) -> list[int]:
+        """Load every transition out of ``gid`` when they lead to few states; returns new ids."""
+        toks, nxts = cg.state_transitions(local)
+        if len(toks) == 0:
+            return []
+        distinct = np.unique(nxts)
+        if len(distinct) > EXPAND_MAX_NEXT:
+            return []
+        self.expansions += 1
+        glob = {int(n): self._global(cg, int(n)) for n in distinct}
+        targets = np.fromiter((glob[int(n)] for n in nxts), dtype=np.int64, count=len(nxts))
+        self.table.add_transitions(torch.full((len(toks),), gid, dtype=torch.int64),
+                                   torch.from_numpy(np.asarray(toks, dtype=np.int64)), torch.from_numpy(targets))
+        return list(glob.values())
+
+    def _global(self, cg: CompiledGrammar, local: int) -> int:
+        entry = self._grammars.get(id(cg))
+        if entry is None:
+            entry = self._grammars[id(cg)] = (cg, len(self._grammars))
+        key = (entry[1], int(local))
+        gid = self._ids.get(key)
+        if gid is None:
+            gid = self._ids[key] = len(self._where)
+            self._where.append((cg, int(local)))
+        return gid
+
+    def _store(self, gids: Sequence[int]) -> None:
+        """Mask rows of the given states that the table does not hold yet."""
+        todo = sorted({g for g in gids if g not in self._stored})
+        if not todo:
+            return
+        rows = np.stack([self._where[g][0].state_mask(self._where[g][1]) for g in todo])
+        self.table.add_states(torch.as_tensor(todo), torch.from_numpy(rows))
+        self._stored.update(todo)

@@ -1,0 +1,111 @@
+"""One-token decode step of a Llama-family model with fixed shapes, over the slot KV cache.
+
+Why our own step instead of the model's ``forward``: a CUDA graph replays fixed kernels on fixed
+buffers. transformers' forward varies shapes with the attended length, builds masks with Python
+logic, and costs ~450 launches per step, which is what made the eager engine ~80-100 ms a step
+at any batch. This step reads the *same* weights (the model's own modules: norms, projections,
+MLP, rotary embedding) and the *same* ``SlotKVCache`` buffers the eager prefill writes, with
+shapes fixed by (rows, attended length), so it can be captured once per bucket and replayed.
+
+The same code runs eagerly on the CPU (tests compare it with the eager ragged forward), so the
+graph layer on top of it stays thin.
+
+Supported: decoder-only models whose layers are ``input_layernorm -> self_attn(q,k,v,o_proj)
+-> post_attention_layernorm -> mlp`` with rotary embeddings and no sliding window or logit
+soft-capping (Llama, SmolLM2, Mistral without sliding window, Qwen2, Qwen3 with q/k norms).
+``supports(model)`` says whether a model qualifies; others use the eager path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.kv_cache import SlotKVCache
+
+_FAMILIES = {"llama", "mistral", "qwen2", "qwen3"}
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """Whether ``StaticDecoder`` reproduces this model's forward."""
+    cfg = model.config
+    if getattr(cfg, "model_type", None) not in _FAMILIES:
+        return False
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+        return False
+    if any(getattr(cfg, a, None) for a in ("final_logit_softcapping", "logit_scale")):
+        return False
+    rope = getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None) or {}
+    return "dynamic" not in str(rope.get("rope_type", rope.get("type", "default")))
+
+
+class StaticDecoder:
+    """``step(ids, pos, length)``: append one token per row, return float32 logits per row.
+
+    Row ``i`` is KV slot ``i`` (the engines keep live sequences compacted in slots 0..n-1).
+    ``pos[i]`` is the cache column the new token goes to (= the sequence's length so far);
+    positions at or past ``max_len`` write to the scratch column, so padding and finished rows
+    can run along in a fixed-size batch without touching live data. Attention reads columns
+    ``[0, length)`` of each slot, masked to ``<= pos``: ``length`` is a bucket, fixed per graph.
+    """
+
+    def __init__(self, model: torch.nn.Module, cache: SlotKVCache) -> None:
+        if not supports(model):
+            raise ValueError(f"{type(model).__name__} is not a supported Llama-family model")
+        dec = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self.embed = dec.embed_tokens
+        self.layers = list(dec.layers)
+        self.norm = dec.norm
+        self.rotary = dec.rotary_emb
+        self.head = model.get_output_embeddings()
+        cfg = model.config
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.scale = self.head_dim ** -0.5
+        self.cache = cache
+        self.dtype = cache.keys[0].dtype
+
+    @torch.inference_mode()
+    def step(self, ids: torch.Tensor, pos: torch.Tensor, length: int) -> torch.Tensor:
+        """ids (B,) int64 (negative ids are read as 0), pos (B,) int64 -> logits (B, V) float32."""
+        b = ids.shape[0]
+        cache = self.cache
+        nh, nkv, hd = self.heads, self.kv_heads, self.head_dim
+        write = pos.clamp(max=cache.scratch)  # past the end -> scratch column
+        h = self.embed(ids.clamp(min=0)).unsqueeze(1)  # (B, 1, hidden)
+        cos, sin = self.rotary(h, pos.unsqueeze(1))  # (B, 1, hd)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, 1, hd)
+        keys = torch.arange(length, device=ids.device)
+        mask = torch.zeros((b, 1, 1, length), dtype=self.dtype, device=ids.device)
+        mask.masked_fill_((keys.view(1, -1) > pos.view(-1, 1)).view(b, 1, 1, length), float("-inf"))
+        # Flat row index of (slot b, head j, column write[b]) in a (slots*kv, cols, hd) view.
+        cols = cache.max_len + 1
+        slot_head = torch.arange(b, device=ids.device).view(b, 1) * nkv + torch.arange(nkv, device=ids.device)
+        flat = (slot_head * cols + write.view(b, 1)).reshape(-1)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(b, 1, nh, hd).transpose(1, 2)
+            k = attn.k_proj(x).view(b, 1, nkv, hd).transpose(1, 2)
+            v = attn.v_proj(x).view(b, 1, nkv, hd).transpose(1, 2)
+            if hasattr(attn, "q_norm"):  # Qwen3
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            kb, vb = cache.keys[i], cache.values[i]
+            kb.view(-1, hd).index_copy_(0, flat, k.reshape(b * nkv, hd).to(kb.dtype))
+            vb.view(-1, hd).index_copy_(0, flat, v.reshape(b * nkv, hd).to(vb.dtype))
+            out = F.scaled_dot_product_attention(
+                q, kb[:b, :, :length], vb[:b, :, :length], attn_mask=mask, scale=self.scale,
+                enable_gqa=nkv != nh,
+            )
+            h = h + attn.o_proj(out.transpose(1, 2).reshape(b, 1, nh * hd))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.head(self.norm(h)[:, 0]).float()
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, half-split convention (transformers' ``rotate_half``)."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
