@@ -46,6 +46,7 @@ class TokenAutomaton:
         self.table = table
         self.vocab = vocab
         self.trie = trie_for(vocab)
+        table.clamp_limit = max(self.trie.depth, 1)
         self.token_bytes = vocab.token_bytes
         self.eos_token_ids = tuple(vocab.eos_token_ids)
         self.n_words = (vocab.vocab_size + 31) // 32
@@ -87,15 +88,17 @@ class TokenAutomaton:
         if got is not None:
             return got
         with self._lock:
-            got = self._masks.get(state)
+            key = self.table.clamp(state)  # same mask, shared by states differing in counts only
+            got = self._masks.get(key)
             if got is None:
-                got = self._split_mask(state)
+                got = self._split_mask(key)
                 if got is None:
-                    tokens, _ = self.transitions(state)
-                    got = self._pack(tokens, self.is_accepting(state))
-                self._masks[state] = got
-                if len(self._masks) > self._mask_cache_size:
-                    self._masks.popitem(last=False)
+                    tokens, _ = self.transitions(key)
+                    got = self._pack(tokens, self.is_accepting(key))
+                self._masks[key] = got
+            self._masks[state] = got
+            while len(self._masks) > self._mask_cache_size:
+                self._masks.popitem(last=False)
             return got
 
     def _split_mask(self, state: int) -> np.ndarray | None:

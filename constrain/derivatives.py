@@ -63,6 +63,9 @@ class ExprTable:
         self._nullable: list[bool | None] = []
         self._boolean: list[bool] = []  # contains And/Not: language may be empty though not NOTHING
         self._dep: list[bool] = []  # contains DEP: the walk crossed into a masked continuation
+        self._counted: list[bool] = []  # contains a repetition with counted bounds
+        self._clamped: dict[int, int] = {}
+        self.clamp_limit: int | None = None
         self._intern: dict[tuple, int] = {}
         self._deriv: dict[int, int] = {}
         self._classes: dict[int, tuple[int, ...]] = {}
@@ -116,6 +119,7 @@ class ExprTable:
         self._nullable.append(nullable)
         self._boolean.append(boolean)
         self._dep.append(False)
+        self._counted.append(False)
         self._intern[key] = i
         return i
 
@@ -214,11 +218,17 @@ class ExprTable:
             return a
         if lo and self.nullable(a):  # a nullable: a{n,m} == a{0,m}
             lo = 0
-        return self._flag(self._new(K_REPEAT, (a, lo, hi), True if lo == 0 else self._nullable[a], self._boolean[a]), (a,))
+        out = self._flag(self._new(K_REPEAT, (a, lo, hi), True if lo == 0 else self._nullable[a], self._boolean[a]), (a,))
+        if lo > 0 or hi is not None:
+            self._counted[out] = True
+        return out
 
     def _flag(self, e: int, children: Sequence[int]) -> int:
-        if any(self._dep[c] for c in children):
-            self._dep[e] = True
+        for c in children:
+            if self._dep[c]:
+                self._dep[e] = True
+            if self._counted[c]:
+                self._counted[e] = True
         return e
 
     def mark(self, first: int) -> int:
@@ -233,6 +243,40 @@ class ExprTable:
     def seq(self, a: int, b: int) -> int:
         with self.lock:
             return self._mk_seq(a, b)
+
+    def clamp(self, e: int) -> int:
+        """``e`` with every repetition count clamped to ``clamp_limit`` (the longest token).
+
+        One token spans at most ``clamp_limit`` bytes, so it completes at most that many
+        non-empty iterations of any repetition: counts beyond the limit cannot change which
+        tokens are allowed. States that differ only in such counts (the 37th character of a
+        string with maxLength 100, the 5th item of an array with maxItems 50) share one mask.
+        """
+        limit = self.clamp_limit
+        if limit is None or not self._counted[e]:
+            return e
+        got = self._clamped.get(e)
+        if got is not None:
+            return got
+        with self.lock:
+            k, a = self._kind[e], self._args[e]
+            if k == K_SEQ:
+                out = self._mk_seq(self.clamp(a[0]), self.clamp(a[1]))
+            elif k == K_ALT:
+                out = self._mk_alt([self.clamp(m) for m in a[0]])
+            elif k == K_AND:
+                out = self._mk_and([self.clamp(m) for m in a[0]])
+            elif k == K_NOT:
+                out = self._mk_not(self.clamp(a[0]))
+            elif k == K_FRAME:
+                out = self._mk_frame(self.clamp(a[0]))
+            elif k == K_REPEAT:
+                item, lo, hi = a
+                out = self._mk_repeat(self.clamp(item), min(lo, limit), None if hi is None or hi >= limit else hi)
+            else:
+                out = e
+            self._clamped[e] = out
+            return out
 
     def is_byte_set(self, e: int) -> bool:
         return self._kind[e] == K_BYTES

@@ -225,3 +225,26 @@ def test_budget_close_sees_tokens_that_open_long_completions() -> None:
     allowed = np.nonzero(np.unpackbits(bits.numpy().view(np.uint8), bitorder="little"))[0].tolist()
     assert 4 not in allowed  # "],[[[[[" needs 6 more closing bytes plus the stop token
     assert 1 in allowed
+
+
+def test_counted_repetitions_share_masks_and_stay_exact() -> None:
+    """Clamping repetition counts to the longest token changes no mask (checked by full walks)."""
+    vocab = gpt2()
+    bounded = ir.Grammar.of(ir.seq(ir.literal('"'), ir.repeat(STRING_CHAR, 2, 300), ir.literal('"')))
+    compiled = constrain.compile_grammar(bounded, vocab)
+    automaton = compiled._automaton
+    m = compiled.matcher()
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        tokens, _ = automaton.transitions(m.state)
+        full = automaton._pack(tokens, automaton.is_accepting(m.state))
+        assert np.array_equal(automaton.mask(m.state), full)
+        ids = m.allowed_token_ids()
+        content = ids[ids != vocab.eos_token_ids[0]]
+        if len(content) == 0:
+            m.reset()
+            continue
+        quote = vocab.token_bytes.index(b'"')
+        choice = quote if m.is_accepting() and rng.random() < 0.1 else int(rng.choice(content))
+        assert m.accept_token(choice)
+    assert len({id(v) for v in automaton._masks.values()}) < len(automaton._masks)
