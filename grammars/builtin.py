@@ -19,7 +19,8 @@ from typing import Any, Mapping
 
 from grammars import ir
 from grammars.errors import GrammarError
-from grammars.lark_frontend import RefMapper, lark_to_grammar, reachable_rules
+from grammars.analysis import RefMapper, reachable_rules
+from grammars.lark_frontend import lark_to_grammar
 
 __all__ = ["names", "load", "builtin_grammar", "tool_call_grammar"]
 

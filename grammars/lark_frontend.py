@@ -47,7 +47,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from lark import load_grammar as _lg
 from lark.exceptions import GrammarError as _LarkError
@@ -57,12 +57,13 @@ from lark.lexer import PatternStr, Token
 from lark.tree import Tree
 
 from grammars import ir
+from grammars.analysis import RefMapper, cyclic_components, reachable_rules, refs
 from grammars.errors import LarkGrammarError, RegexError
 from grammars.ir import EMPTY, NOTHING, Node, alt, optional, ref, repeat, seq
 from grammars.regex import regex_to_ir
 from grammars.unicode import char_class
 
-__all__ = ["lark_to_grammar", "BUILTIN_DIR", "RefMapper", "reachable_rules"]
+__all__ = ["lark_to_grammar", "BUILTIN_DIR"]
 
 #: Folder of the built-in ``.lark`` grammars; also on the ``%import`` path (``%import json.value``).
 BUILTIN_DIR = Path(__file__).resolve().parent
@@ -476,29 +477,6 @@ def _shortest(node: Node) -> Node:
 
 # ------------------------------------------------------------------------ IR analyses
 
-def _children(node: Node) -> tuple[Node, ...]:
-    if isinstance(node, (ir.Seq, ir.Alt, ir.And)):
-        return node.items
-    if isinstance(node, (ir.Repeat, ir.Not)):
-        return (node.item,)
-    return ()
-
-
-def _refs(node: Node) -> set[str]:
-    out: set[str] = set()
-    stack, seen = [node], set()
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if isinstance(n, ir.Ref):
-            out.add(n.name)
-        else:
-            stack.extend(_children(n))
-    return out
-
-
 def _nullable(node: Node, known: set[str]) -> bool:
     """Whether ``node`` matches the empty string, given the rules known to be nullable."""
     if isinstance(node, ir.Bytes):
@@ -538,7 +516,7 @@ def _fixpoint(rules: dict[str, Node], holds: Callable[[Node, set[str]], bool]) -
     """The least set of rules for which the monotone property ``holds`` (worklist, linear-ish)."""
     users: dict[str, list[str]] = {}
     for name, body in rules.items():
-        for r in _refs(body):
+        for r in refs(body):
             users.setdefault(r, []).append(name)
     known: set[str] = set()
     work = deque(rules)
@@ -550,95 +528,6 @@ def _fixpoint(rules: dict[str, Node], holds: Callable[[Node, set[str]], bool]) -
             known.add(name)
             work.extend(u for u in users.get(name, ()) if u not in known)
     return known
-
-
-def reachable_rules(rules: Mapping[str, Node], start: str) -> set[str]:
-    """Names of the rules ``start`` uses, directly or not (itself included)."""
-    seen = {start}
-    work = [start]
-    while work:
-        for r in _refs(rules[work.pop()]):
-            if r not in seen and r in rules:
-                seen.add(r)
-                work.append(r)
-    return seen
-
-
-class RefMapper:
-    """Rebuild an IR tree with some ``Ref`` nodes replaced (``fn`` returns None to keep one)."""
-
-    def __init__(self, fn: Callable[[str], Node | None]) -> None:
-        self.fn = fn
-        self.memo: dict[int, tuple[Node, Node]] = {}
-
-    def __call__(self, node: Node) -> Node:
-        got = self.memo.get(id(node))
-        if got is not None:
-            return got[1]
-        if isinstance(node, ir.Ref):
-            new = self.fn(node.name)
-            out = node if new is None else new
-        elif isinstance(node, ir.Seq):
-            out = seq(*(self(i) for i in node.items))
-        elif isinstance(node, ir.Alt):
-            out = alt(*(self(i) for i in node.items))
-        elif isinstance(node, ir.Repeat):
-            out = repeat(self(node.item), node.min, node.max)
-        elif isinstance(node, ir.And):
-            out = ir.intersect(*(self(i) for i in node.items))
-        elif isinstance(node, ir.Not):
-            out = ir.complement(self(node.item))
-        else:
-            out = node
-        self.memo[id(node)] = (node, out)
-        return out
-
-
-def _cyclic_components(graph: dict[str, set[str]], order: Iterable[str]) -> list[list[str]]:
-    """Strongly connected components that contain a cycle (iterative Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on_stack: set[str] = set()
-    stack: list[str] = []
-    out: list[list[str]] = []
-    for root in order:
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph.get(root, ()))))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            v, it = work[-1]
-            pushed = False
-            for w in it:
-                if w not in graph:
-                    continue
-                if w not in index:
-                    index[w] = low[w] = len(index)
-                    stack.append(w)
-                    on_stack.add(w)
-                    work.append((w, iter(sorted(graph[w]))))
-                    pushed = True
-                    break
-                if w in on_stack:
-                    low[v] = min(low[v], index[w])
-            if pushed:
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on_stack.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                if len(comp) > 1 or v in graph[v]:
-                    out.append(comp)
-    return out
 
 
 # ------------------------------------------------------------------------ left recursion
@@ -684,7 +573,7 @@ class _LeftRecursion:
     def eliminate(self) -> None:
         order = self.conv.order
         for _ in range(_MAX_REWRITE_ROUNDS):
-            cycles = _cyclic_components(self.graph(), list(self.rules))
+            cycles = cyclic_components(self.graph(), list(self.rules))
             if not cycles:
                 return
             for comp in cycles:
@@ -701,7 +590,7 @@ class _LeftRecursion:
                     self.rules[a] = body
                     done.append(a)
             self.build_nonempty()
-        cycles = _cyclic_components(self.graph(), list(self.rules))
+        cycles = cyclic_components(self.graph(), list(self.rules))
         if cycles:
             name = min(cycles[0], key=lambda n: order.get(n, len(order)))
             path = " -> ".join(sorted(cycles[0], key=lambda n: order.get(n, len(order))))
