@@ -585,11 +585,18 @@ def rule_min_lengths(grammar: ir.Grammar) -> dict[str, float]:
     while True:
         memo: dict[int, float] = {}  # by identity (the grammar keeps every node alive)
         visiting: set[str] = set()
+        cycles = False
+
+        refs_seen = 0
 
         def size(node: ir.Node) -> float:
-            got = memo.get(id(node))
+            nonlocal refs_seen
+            got = node.cached_min_length
+            if got is None:
+                got = memo.get(id(node))
             if got is not None:
                 return got
+            refs_before = refs_seen
             if isinstance(node, ir.Bytes):
                 out: float = 1 if node.mask else INFINITE
             elif isinstance(node, ir.Seq):
@@ -603,8 +610,11 @@ def rule_min_lengths(grammar: ir.Grammar) -> dict[str, float]:
             elif isinstance(node, ir.Repeat):
                 out = 0 if node.min == 0 else node.min * size(node.item)
             elif isinstance(node, ir.Ref):
+                nonlocal cycles
+                refs_seen += 1
                 body = grammar.rules.get(node.name)
                 if body is None or node.name in visiting:
+                    cycles = cycles or body is not None
                     return known.get(node.name, INFINITE)  # undefined: reported when reached
                 visiting.add(node.name)
                 out = min(size(body), known.get(node.name, INFINITE))
@@ -612,7 +622,10 @@ def rule_min_lengths(grammar: ir.Grammar) -> dict[str, float]:
                 return out
             else:
                 raise TypeError(f"not an IR node: {node!r}")
-            memo[id(node)] = out
+            if refs_seen == refs_before:  # rule-free: true in every grammar, cache on the node
+                node.cache_min_length(out)
+            else:
+                memo[id(node)] = out
             return out
 
         changed = False
@@ -623,7 +636,7 @@ def rule_min_lengths(grammar: ir.Grammar) -> dict[str, float]:
             if n < known.get(name, INFINITE):
                 known[name] = n
                 changed = True
-        if not changed:
+        if not changed or not cycles:  # without cycles one pass is already exact
             return known
 
 

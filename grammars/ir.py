@@ -35,6 +35,14 @@ class Node:
 
     __slots__ = ()
 
+    @property
+    def cached_min_length(self) -> float | None:
+        """Shortest match length of this rule-free subtree, once computed (see ``constrain.derivatives``)."""
+        return self._min_length
+
+    def cache_min_length(self, value: float) -> None:
+        object.__setattr__(self, "_min_length", value)
+
     def __hash__(self) -> int:
         h = self._hash
         if h is None:
@@ -49,6 +57,7 @@ class Bytes(Node):
 
     mask: int
     _hash: int | None = field(default=None, init=False, compare=False, repr=False)
+    _min_length: float | None = field(default=None, init=False, compare=False, repr=False)
     __hash__ = Node.__hash__
 
 
@@ -58,6 +67,7 @@ class Seq(Node):
 
     items: tuple[Node, ...]
     _hash: int | None = field(default=None, init=False, compare=False, repr=False)
+    _min_length: float | None = field(default=None, init=False, compare=False, repr=False)
     __hash__ = Node.__hash__
 
 
@@ -67,6 +77,7 @@ class Alt(Node):
 
     items: tuple[Node, ...]
     _hash: int | None = field(default=None, init=False, compare=False, repr=False)
+    _min_length: float | None = field(default=None, init=False, compare=False, repr=False)
     __hash__ = Node.__hash__
 
 
@@ -76,6 +87,7 @@ class And(Node):
 
     items: tuple[Node, ...]
     _hash: int | None = field(default=None, init=False, compare=False, repr=False)
+    _min_length: float | None = field(default=None, init=False, compare=False, repr=False)
     __hash__ = Node.__hash__
 
 
@@ -85,6 +97,7 @@ class Not(Node):
 
     item: Node
     _hash: int | None = field(default=None, init=False, compare=False, repr=False)
+    _min_length: float | None = field(default=None, init=False, compare=False, repr=False)
     __hash__ = Node.__hash__
 
 
@@ -96,6 +109,7 @@ class Repeat(Node):
     min: int
     max: int | None
     _hash: int | None = field(default=None, init=False, compare=False, repr=False)
+    _min_length: float | None = field(default=None, init=False, compare=False, repr=False)
     __hash__ = Node.__hash__
 
 
@@ -105,6 +119,7 @@ class Ref(Node):
 
     name: str
     _hash: int | None = field(default=None, init=False, compare=False, repr=False)
+    _min_length: float | None = field(default=None, init=False, compare=False, repr=False)
     __hash__ = Node.__hash__
 
 
