@@ -222,7 +222,7 @@ class Outlines(Engine):
 
 class Constrain(Engine):
     name = "constrain"
-    options = "compile_json_schema(schema, vocab) defaults"
+    options = "compile_json_schema(schema, vocab) defaults (+ remote_schemas: the test suite's remotes/)"
 
     def __init__(self, tok: Tok) -> None:
         super().__init__(tok)
@@ -239,7 +239,8 @@ class Constrain(Engine):
             pass
 
     def compile(self, schema: Any) -> Compiled:
-        cg = self.constrain.compile_json_schema(schema, self.tok.vocab)
+        # The test suite's remote documents (http://localhost:1234/ -> remotes/), never fetched.
+        cg = self.constrain.compile_json_schema(schema, self.tok.vocab, remote_schemas=_suite_remote)
         return _FactoryCompiled(lambda: _StdMatcher(cg.matcher()))
 
     @staticmethod
@@ -256,6 +257,15 @@ class Constrain(Engine):
             return git("rev-parse", "--short", "HEAD") + (" + uncommitted constrain/grammars changes" if dirty else "")
         except Exception:
             return "?"
+
+
+def _suite_remote(uri: str) -> Any:
+    from bench.data import DEFAULT_DATA, TS_REMOTE
+
+    path = DEFAULT_DATA / "json-schema-test-suite" / "remotes" / uri[len(TS_REMOTE):]
+    if not uri.startswith(TS_REMOTE) or not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 ADAPTERS: dict[str, type[Engine]] = {

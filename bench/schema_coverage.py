@@ -7,7 +7,10 @@ Prints per-subset rates and the most common failure reasons.
     python bench/schema_coverage.py                       # all JSONSchemaBench subsets
     python bench/schema_coverage.py --subset Github_easy --limit 200
     python bench/schema_coverage.py --suite               # JSON Schema Test Suite draft2020-12
-    python bench/schema_coverage.py --unknown-format ignore --lenient
+    python bench/schema_coverage.py --unknown-format error --lenient
+
+Defaults are json_schema_to_grammar's (unknown formats are ignored: they assert nothing). With
+--suite, ``$ref``s to http://localhost:1234/ are served from the suite's remotes/ folder.
 """
 
 from __future__ import annotations
@@ -29,6 +32,19 @@ sys.path.insert(0, str(ROOT))
 DATA = ROOT.parent / "shared" / "data"
 BENCH = DATA / "jsonschemabench"
 SUITE = DATA / "json-schema-test-suite" / "draft2020-12"
+REMOTES = DATA / "json-schema-test-suite" / "remotes"
+REMOTE_PREFIX = "http://localhost:1234/"
+
+
+def suite_remote(uri: str) -> Any:
+    """The test suite's remote documents: http://localhost:1234/<path> -> remotes/<path> (never fetched)."""
+    if not uri.startswith(REMOTE_PREFIX):
+        return None
+    path = REMOTES / uri[len(REMOTE_PREFIX):]
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------------- instances in schema order
@@ -154,6 +170,9 @@ def _search(pattern: str, text: str) -> bool:
 # ---------------------------------------------------------------------- checking
 
 
+OUTCOMES = ("pass", "format", "compile", "reject_valid", "accept_invalid", "timeout", "crash")
+
+
 class Timeout(Exception):
     pass
 
@@ -162,11 +181,30 @@ def _alarm(signum: int, frame: Any) -> None:
     raise Timeout()
 
 
+def _registry() -> Any:
+    try:
+        from referencing import Registry, Resource
+        from referencing.exceptions import NoSuchResource
+        from referencing.jsonschema import DRAFT202012
+    except ImportError:
+        return None
+
+    def retrieve(uri: str) -> Any:
+        contents = suite_remote(uri)
+        if contents is None:
+            raise NoSuchResource(ref=uri)
+        return Resource.from_contents(contents, default_specification=DRAFT202012)
+
+    return Registry(retrieve=retrieve)
+
+
 def oracle(schema: Any) -> Any:
     import jsonschema
 
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+    registry = _registry()
+    extra = {} if registry is None else {"registry": registry}
+    return cls(schema, format_checker=cls.FORMAT_CHECKER, **extra)
 
 
 def dump(value: Any) -> bytes:
@@ -195,15 +233,20 @@ class Matcher:
             sys.setrecursionlimit(old)
 
 
-def check(schema: Any, tests: list[tuple[Any, bool | None]], options: dict, timeout: float = 20.0) -> tuple[str, str]:
+def check(schema: Any, tests: list[tuple[Any, bool | None]], options: dict, timeout: float = 20.0,
+          counts: collections.Counter | None = None) -> tuple[str, str]:
     """("pass"|"format"|"compile"|"reject_valid"|"accept_invalid"|"timeout"|"crash", detail).
 
     "format": passes, except valid instances that fail a ``format`` the oracle cannot check
-    (uri, hostname... need optional packages) but we enforce by design.
+    (uri, hostname... need optional packages) but we enforce by design. An accepted invalid
+    instance outranks a rejected valid one. ``counts`` (if given) gets "valid" and "accepted":
+    the valid instances of a compiled schema and how many of them were accepted ("format_rejected":
+    how many were rejected only for a ``format`` we enforce by design).
     """
     from grammars.errors import GrammarError
     from grammars.json_schema import json_schema_to_grammar
 
+    counts = collections.Counter() if counts is None else counts
     signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
@@ -217,27 +260,36 @@ def check(schema: Any, tests: list[tuple[Any, bool | None]], options: dict, time
         validator = oracle(schema)
         by_design: Any = None
         format_rejects = 0
+        rejected = accepted = None
         for value, _ in tests:
             try:
                 ok = validator.is_valid(value)
             except Exception:  # the oracle itself cannot judge (e.g. \p{...} in Python's re)
                 continue
             if ok:
+                counts["valid"] += 1
                 data = dump(in_schema_order(schema, [schema], value))
-                if not match(data):
-                    if by_design is None:
-                        try:
-                            by_design = Matcher(json_schema_to_grammar(schema, **{**options, "format_mode": "annotation"}))
-                        except GrammarError:
-                            by_design = lambda data: False  # noqa: E731
-                    if by_design(data):
-                        format_rejects += 1
-                        continue
-                    return "reject_valid", data.decode("utf-8", "replace")[:200]
+                if match(data):
+                    counts["accepted"] += 1
+                    continue
+                if by_design is None:
+                    try:
+                        by_design = Matcher(json_schema_to_grammar(schema, **{**options, "format_mode": "annotation"}))
+                    except GrammarError:
+                        by_design = lambda data: False  # noqa: E731
+                if by_design(data):
+                    format_rejects += 1
+                    counts["format_rejected"] += 1
+                    continue
+                rejected = rejected or data.decode("utf-8", "replace")[:200]
             else:
                 data = dump(value)
                 if match(data):
-                    return "accept_invalid", data.decode("utf-8", "replace")[:200]
+                    accepted = accepted or data.decode("utf-8", "replace")[:200]
+        if accepted is not None:
+            return "accept_invalid", accepted
+        if rejected is not None:
+            return "reject_valid", rejected
         return ("format", "") if format_rejects else ("pass", "")
     except Timeout:
         return "timeout", ""
@@ -284,19 +336,23 @@ def main() -> None:
     ap.add_argument("--optional", action="store_true", help="with --suite: include optional/ (formats...)")
     ap.add_argument("--lenient", action="store_true")
     ap.add_argument("--oneof-as-anyof", action="store_true")
-    ap.add_argument("--unknown-format", default="error", choices=["error", "ignore"])
+    ap.add_argument("--unknown-format", default="ignore", choices=["error", "ignore"],
+                    help="json_schema_to_grammar's unknown_format (default: ignore, its default)")
     ap.add_argument("--timeout", type=float, default=20.0)
     ap.add_argument("--show", type=int, default=15, help="how many failure reasons to list")
     ap.add_argument("--verbose", action="store_true", help="print every failure")
     args = ap.parse_args()
-    options = {"lenient": args.lenient, "unknown_format": args.unknown_format, "oneof_as_anyof": args.oneof_as_anyof}
+    options: dict[str, Any] = {"lenient": args.lenient, "unknown_format": args.unknown_format,
+                               "oneof_as_anyof": args.oneof_as_anyof}
+    if args.suite:
+        options["remote_schemas"] = suite_remote
     cases = suite_cases(args.optional) if args.suite else bench_cases(args.subset, args.limit)
     per: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     reasons: collections.Counter = collections.Counter()
     examples: dict[str, str] = {}
     start = time.time()
     for subset, name, schema, tests in cases:
-        outcome, detail = check(schema, tests, options, args.timeout)
+        outcome, detail = check(schema, tests, options, args.timeout, per[subset])
         per[subset][outcome] += 1
         if outcome not in ("pass", "format"):
             key = f"{outcome}: {_reason(detail)}"
@@ -304,21 +360,28 @@ def main() -> None:
             examples.setdefault(key, f"{name}: {detail[:160]}")
             if args.verbose:
                 print(f"{outcome:15} {name}: {detail[:300]}")
-    total: collections.Counter = collections.Counter()
     print("pass+fmt: also counting schemas whose only rejected valid instances fail a format we enforce")
-    print(f"{'subset':28} {'n':>5} {'pass':>6} {'pass+fmt':>8} {'compile':>8} {'rej_valid':>9} {'acc_inval':>9} {'other':>6}")
+    print("valid_acc: valid instances of compiled schemas accepted (a format we enforce by design counts as rejected)")
+    head = f"{'subset':28} {'n':>5} {'pass':>6} {'pass+fmt':>8} {'compile':>8} {'valid_acc':>9} {'rej_valid':>9} {'acc_inval':>9} {'other':>6}"
+    print(head)
+
+    def row(label: str, c: collections.Counter) -> None:
+        n = sum(c[k] for k in OUTCOMES)
+        if not n:
+            return
+        acc = f"{c['accepted'] / c['valid']:9.1%}" if c["valid"] else f"{'-':>9}"
+        print(f"{label:28} {n:5} {c['pass'] / n:6.1%} {(c['pass'] + c['format']) / n:8.1%} {(n - c['compile']) / n:8.1%} "
+              f"{acc} {c['reject_valid']:9} {c['accept_invalid']:9} {c['timeout'] + c['crash']:6}")
+
+    total: collections.Counter = collections.Counter()
     for subset in sorted(per):
-        c = per[subset]
-        total.update(c)
-        n = sum(c.values())
-        compiled = n - c["compile"]
-        print(f"{subset:28} {n:5} {c['pass'] / n:6.1%} {(c['pass'] + c['format']) / n:8.1%} {compiled / n:8.1%} {c['reject_valid']:9} "
-              f"{c['accept_invalid']:9} {c['timeout'] + c['crash']:6}")
-    n = sum(total.values())
-    if n:
-        print(f"{'TOTAL':28} {n:5} {total['pass'] / n:6.1%} {(total['pass'] + total['format']) / n:8.1%} "
-              f"{(n - total['compile']) / n:8.1%} "
-              f"{total['reject_valid']:9} {total['accept_invalid']:9} {total['timeout'] + total['crash']:6}")
+        row(subset, per[subset])
+        total.update(per[subset])
+    row("TOTAL", total)
+    if args.suite and "format" in per:
+        rest = collections.Counter(total)
+        rest.subtract(per["format"])
+        row("TOTAL without format.json", rest)
     print(f"({time.time() - start:.0f}s)  most common failures:")
     for key, count in reasons.most_common(args.show):
         print(f"{count:5}  {key}\n       e.g. {examples[key]}")

@@ -16,9 +16,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.schema_coverage import BENCH, SUITE, bench_cases, check, suite_cases  # noqa: E402
+from bench.schema_coverage import BENCH, SUITE, bench_cases, check, suite_cases, suite_remote  # noqa: E402
 
-OPTIONS = {"unknown_format": "ignore"}
+OPTIONS: dict = {}  # the defaults
+SUITE_OPTIONS = {"remote_schemas": suite_remote}
 
 
 def _sample(cases, every: int):
@@ -49,7 +50,7 @@ SUITE_FILES = ["allOf", "anyOf", "oneOf", "not", "if-then-else", "enum", "const"
                "additionalProperties", "patternProperties", "required", "items", "prefixItems", "contains",
                "minimum", "maximum", "exclusiveMinimum", "multipleOf", "minLength", "maxLength", "pattern",
                "uniqueItems", "dependentRequired", "propertyNames", "minProperties", "maxProperties", "type",
-               "boolean_schema", "defs", "anchor"]
+               "boolean_schema", "defs", "anchor", "refRemote"]
 
 
 @pytest.mark.skipif(not SUITE.exists(), reason="JSON Schema Test Suite not present")
@@ -58,7 +59,7 @@ def test_suite_keyword_is_sound(keyword):
     for subset, name, schema, tests in suite_cases():
         if subset != keyword:
             continue
-        outcome, detail = check(schema, tests, OPTIONS, timeout=20)
+        outcome, detail = check(schema, tests, SUITE_OPTIONS, timeout=20)
         assert outcome not in ("accept_invalid", "crash"), f"{name}: {outcome} {detail}"
         if name not in KNOWN_INCOMPLETE:
             assert outcome != "reject_valid", f"{name}: rejected a valid instance {detail}"

@@ -71,10 +71,14 @@ def test_formats():
     agree({"format": "date", "type": "string"}, ["2024-02-29", "2023-02-29", "2023-04-31", "2023-12-01", "2023-1-01"])
     agree({"format": "ipv4", "type": "string"}, ["1.2.3.4", "256.1.1.1", "01.2.3.4", "1.2.3"])
     agree({"format": "uuid", "type": "string"}, ["123e4567-e89b-12d3-a456-426614174000", "123e4567e89b12d3a456426614174000"])
-    with pytest.raises(SchemaError, match="unknown format 'int32'"):
-        json_schema_to_grammar({"type": "string", "format": "int32"})
-    g = json_schema_to_grammar({"type": "string", "format": "int32"}, unknown_format="ignore")
+    # An unknown format asserts nothing (validators ignore it): ignored by default, with a note.
+    g = json_schema_to_grammar({"type": "string", "format": "int32"})
     assert matches(g, b'"x"')
+    assert any("int32" in n and "#/format" in n for n in g.notes), g.notes
+    with pytest.raises(SchemaError, match="unknown format 'int32'") as info:
+        json_schema_to_grammar({"type": "string", "format": "int32"}, unknown_format="error")
+    assert info.value.keyword == "format" and info.value.pointer == "#/format"
+    agree({"type": "string", "format": "int32"}, ["x", "12", ""])
 
 
 def test_object_keys_in_declaration_order_no_duplicates():

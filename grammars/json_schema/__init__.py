@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Callable, Literal, Mapping
 
 from grammars.errors import SchemaError
 from grammars.ir import Grammar
@@ -22,8 +22,9 @@ def json_schema_to_grammar(
     lenient: bool = False,
     max_recursion_depth: int | None = None,
     format_mode: Literal["enforce", "annotation"] = "enforce",
-    unknown_format: Literal["error", "ignore"] = "error",
+    unknown_format: Literal["error", "ignore"] = "ignore",
     oneof_as_anyof: bool = False,
+    remote_schemas: Mapping[str, Any] | Callable[[str], Any] | None = None,
 ) -> Grammar:
     """The grammar of JSON documents that are valid against ``schema`` (a dict, bool or JSON text).
 
@@ -37,12 +38,20 @@ def json_schema_to_grammar(
     Soundness first: a keyword that cannot be enforced raises ``SchemaError`` naming it and its
     JSON pointer; ``lenient=True`` drops it instead and records a note in ``Grammar.notes``.
     ``oneof_as_anyof`` accepts any matching ``oneOf`` branch where exclusivity is undecidable.
-    ``format_mode="annotation"`` ignores ``format``; ``unknown_format="ignore"`` ignores only
-    formats this module does not know. ``max_recursion_depth`` bounds how deep recursive
+    ``format_mode="annotation"`` ignores ``format``. A ``format`` this module does not know asserts
+    nothing (the specification makes unknown formats annotations, and validators ignore them), so
+    by default (``unknown_format="ignore"``) it is ignored with a note in ``Grammar.notes``;
+    ``unknown_format="error"`` raises ``SchemaError`` instead. ``max_recursion_depth`` bounds how deep recursive
     ``$ref`` structures may nest. ``indent`` (pretty printing) is not supported yet.
+
+    ``remote_schemas`` resolves ``$ref`` to other documents: a mapping from absolute URI (no
+    fragment) to schema (dict, bool or JSON text), or a function taking the URI and returning the
+    schema or None. Each such document keeps its own ``$id`` as the base of its references. Nothing
+    is fetched from the network; a reference to a URI the registry does not know is a
+    ``SchemaError`` naming the URI.
     """
     if indent is not None:
         raise SchemaError("indent (pretty printing) is not supported; use whitespace='flexible'", "")
     options = Options(whitespace, max_whitespace, indent, strict_properties, lenient, max_recursion_depth,
-                      format_mode, unknown_format, oneof_as_anyof)
+                      format_mode, unknown_format, oneof_as_anyof, remote_schemas)
     return Translator(load_schema(schema), options).run()

@@ -1,16 +1,19 @@
-"""The schema document: parsing, dialect, and ``$ref`` resolution within it.
+"""The schema document: parsing, dialect, and ``$ref`` resolution within it and to other documents.
 
-References are resolved the way the specification says, but only inside the one document we
-were given: ``$id`` (``id`` in draft-04) sets the base URI of its subtree, ``$anchor`` and
-plain-name ``$id`` fragments name subschemas, fragments that start with ``/`` are JSON pointers
-(``~0``/``~1`` and %-escapes decoded). Remote documents are never fetched.
+References are resolved the way the specification says: ``$id`` (``id`` in draft-04) sets the
+base URI of its subtree, ``$anchor`` and plain-name ``$id`` fragments name subschemas, fragments
+that start with ``/`` are JSON pointers (``~0``/``~1`` and %-escapes decoded). A reference to a
+URI outside the document is looked up in the caller's registry (``remote_schemas``: a mapping
+from URI to schema, or a function URI -> schema or None); the document found there is indexed
+with its own ``$id`` (or the URI it was found under) as its base. Nothing is ever fetched from
+the network.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Mapping, Union
 from urllib.parse import unquote, urldefrag, urljoin
 
 from grammars.errors import SchemaError
@@ -18,6 +21,8 @@ from grammars.errors import SchemaError
 __all__ = ["Sub", "Document", "load_schema"]
 
 DEFAULT_BASE = "urn:constrain:root"
+
+RemoteSchemas = Union[Mapping[str, Any], Callable[[str], Any], None]
 
 # Keywords whose value is a schema / a list of schemas / a map of name -> schema.
 SCHEMA_KEYWORDS = frozenset({
@@ -72,11 +77,15 @@ def load_schema(schema: Any) -> Any:
 class Document:
     """Index of every resource (``$id``) and anchor in the document, for ``$ref`` resolution."""
 
-    def __init__(self, root: Any) -> None:
+    def __init__(self, root: Any, remote_schemas: RemoteSchemas = None) -> None:
         self.root = root
+        self.remote_schemas = remote_schemas
+        # URI -> contents of every other document a reference led to (for the validation oracle).
+        self.remotes: dict[str, Any] = {}
         meta = root.get("$schema", "") if isinstance(root, dict) else ""
         meta = meta if isinstance(meta, str) else ""
-        self.draft4 = "draft-04" in meta or "draft-03" in meta
+        self.draft3 = "draft-03" in meta
+        self.draft4 = "draft-04" in meta or self.draft3
         # $ref siblings are ignored up to draft-07.
         self.ref_overrides = any(f"draft-0{n}" in meta for n in (3, 4, 6, 7))
         self.resources: dict[str, Sub] = {}
@@ -85,10 +94,10 @@ class Document:
         self.root_sub = Sub(root, base, "#")
         self.resources[base] = self.root_sub
         self.resources.setdefault(DEFAULT_BASE, self.root_sub)
-        self._index()
+        self._index(self.root_sub)
 
-    def _index(self) -> None:
-        stack = [self.root_sub]
+    def _index(self, top: Sub) -> None:
+        stack = [top]
         while stack:
             sub = stack.pop()
             node = sub.schema
@@ -132,11 +141,7 @@ class Document:
         where = sub.pointer + "/$ref"
         resource = self.resources.get(uri or sub.base)
         if resource is None:
-            raise SchemaError(
-                f"cannot resolve $ref {ref!r}: {uri!r} is not part of this schema "
-                "(remote references are not fetched; inline it under $defs with a matching $id)",
-                where, "$ref",
-            )
+            resource = self._load_remote(uri, ref, where)
         fragment = unquote(fragment)
         if not fragment:
             return resource
@@ -158,3 +163,44 @@ class Document:
         if not isinstance(out.schema, (dict, bool)):
             raise SchemaError(f"$ref {ref!r} points to a {type(out.schema).__name__}, not a schema", where, "$ref")
         return out
+
+    def remote_contents(self, uri: str) -> Any:
+        """The document at ``uri`` from the registry (None when unknown); not indexed."""
+        if uri in self.remotes:
+            return self.remotes[uri]
+        registry = self.remote_schemas
+        try:
+            contents = None if registry is None else registry(uri) if callable(registry) else registry.get(uri)
+            return None if contents is None else load_schema(contents)
+        except Exception:
+            return None
+
+    def _load_remote(self, uri: str, ref: str, where: str) -> Sub:
+        """The root of the document at ``uri`` from the ``remote_schemas`` registry, indexed."""
+        registry = self.remote_schemas
+        contents = None
+        if registry is not None:
+            try:
+                contents = registry(uri) if callable(registry) else registry.get(uri)
+            except Exception as exc:  # a registry that raises for unknown URIs
+                contents = None
+                why = f" ({type(exc).__name__}: {exc})"
+            else:
+                why = ""
+        if contents is None:
+            hint = ("remote_schemas does not have it" + why if registry is not None else
+                    "remote documents are never fetched: pass remote_schemas={url: schema}, "
+                    "or inline it under $defs with a matching $id")
+            raise SchemaError(f"cannot resolve $ref {ref!r}: the remote schema {uri!r} is not part of this schema "
+                              f"and {hint}", where, "$ref")
+        try:
+            contents = load_schema(contents)
+        except SchemaError as exc:
+            raise SchemaError(f"remote schema {uri!r} for $ref {ref!r}: {exc}", where, "$ref") from None
+        self.remotes[uri] = contents
+        base = _own_base(contents, uri, self.draft4) if isinstance(contents, dict) else uri
+        top = Sub(contents, base, uri + "#")
+        self.resources.setdefault(uri, top)
+        self.resources.setdefault(base, top)
+        self._index(top)
+        return top

@@ -70,6 +70,31 @@ _QUERY_FRAGMENT = r"(?:\?(?:" + _PCHAR + r"|[/?])*)?(?:#(?:" + _PCHAR + r"|[/?])
 _URI = r"[A-Za-z][A-Za-z0-9+.\-]*:" + _HIER + _QUERY_FRAGMENT
 _URI_REFERENCE = r"(?:" + _URI + r"|" + _RELATIVE + _QUERY_FRAGMENT + r")"
 _JSON_POINTER = r"(?:/(?:[^~/]|~[01])*)*"
+# RFC 6570 level 4, ASCII literals only (a subset: no ucschar/iprivate).
+_UT_LITERAL = r"(?:[!#$&(-;=?-\[\]_a-z~]|" + _PCT + r")"
+_UT_VARCHAR = r"(?:[A-Za-z0-9_]|" + _PCT + r")"
+_UT_VARSPEC = _UT_VARCHAR + r"(?:\.?" + _UT_VARCHAR + r")*(?::[1-9]\d{0,3}|\*)?"
+_URI_TEMPLATE = r"(?:" + _UT_LITERAL + r"|\{[+#./;?&=,!@|]?" + _UT_VARSPEC + r"(?:," + _UT_VARSPEC + r")*\})*"
+# Regular expressions that both Python's re and ECMA-262 (u mode) compile: literal characters,
+# escapes, '.', simple classes, quantifiers, alternation, groups nested up to two deep, anchors at
+# the edges of top-level alternatives. A strict subset of the valid ones (class ranges only such as
+# 0-9, a-z, A-F; no lookaround or backreferences), which is all soundness needs.
+_RE_ESCAPE = r"\\[\\^$.|?*+()\[\]{}/dDwWsS]"
+_RE_CLASS = r"\[\^?(?:[^\\\]\[\-^|&~]|[0-9]-9|a-[zf]|A-[ZF]|\\[\\^$.|?*+()\[\]{}/\-dDwWsS])+\]"
+_RE_QUANT = r"(?:[*+?]|\{\d{1,4}\}|\{\d{1,4},\})"
+
+
+def _re_level(atom: str) -> str:
+    """A quantified group whose alternatives are sequences of quantified ``atom``s."""
+    piece = atom + _RE_QUANT + "?"
+    return r"\((?:\?:)?(?:" + piece + r")*(?:\|(?:" + piece + r")*)*\)" + _RE_QUANT + "?"
+
+
+_RE_ATOM0 = r"(?:[^\\^$.|?*+()\[\]{}]|" + _RE_ESCAPE + r"|\.|" + _RE_CLASS + r")"
+_RE_ATOM1 = r"(?:" + _RE_ATOM0 + "|" + _re_level(_RE_ATOM0)[:-len(_RE_QUANT) - 1] + ")"
+_RE_ATOM2 = r"(?:" + _RE_ATOM1 + "|" + _re_level(_RE_ATOM1)[:-len(_RE_QUANT) - 1] + ")"
+_RE_BRANCH = r"\^?(?:" + _RE_ATOM2 + _RE_QUANT + r"?)*\$?"
+_REGEX = _RE_BRANCH + r"(?:\|" + _RE_BRANCH + r")*"
 
 _PATTERNS = {
     "date": _DATE,
@@ -89,11 +114,17 @@ _PATTERNS = {
     "iri-reference": _URI_REFERENCE,
     "json-pointer": _JSON_POINTER,
     "relative-json-pointer": r"(?:0|[1-9]\d*)(?:#|" + _JSON_POINTER + ")",
+    "uri-template": _URI_TEMPLATE,
+    "regex": _REGEX,
+    # draft-03 names
+    "ip-address": _IPV4,
+    "host-name": _HOSTNAME,
+    "time@draft3": r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d",  # draft-03 time: hh:mm:ss
 }
 # Total length limits the RFCs set on top of the syntax.
-_MAX_LENGTH = {"hostname": 253, "idn-hostname": 253}
+_MAX_LENGTH = {"hostname": 253, "idn-hostname": 253, "host-name": 253}
 
-KNOWN_FORMATS = frozenset(_PATTERNS)
+KNOWN_FORMATS = frozenset(k for k in _PATTERNS if "@" not in k)
 
 
 @lru_cache(maxsize=None)

@@ -41,8 +41,9 @@ class Options:
     lenient: bool = False
     max_recursion_depth: int | None = None
     format_mode: Literal["enforce", "annotation"] = "enforce"
-    unknown_format: Literal["error", "ignore"] = "error"
+    unknown_format: Literal["error", "ignore"] = "ignore"
     oneof_as_anyof: bool = False
+    remote_schemas: Any = None  # Mapping[str, schema] | Callable[[str], schema | None] | None
 
 
 _WS_BYTES = byte_set(b" \t\n\r")
@@ -59,7 +60,7 @@ class Translator:
 
     def __init__(self, root: Any, options: Options) -> None:
         self.options = options
-        self.doc = Document(root)
+        self.doc = Document(root, options.remote_schemas)
         self.rules: dict[str, Node] = {}
         self.notes: list[str] = []
         self._unsat: dict[str, str] = {}
@@ -173,9 +174,20 @@ class Translator:
             except ImportError:  # jsonschema < 4.18 resolves local references by itself
                 v = cls(root, format_checker=checker)
             else:
+                from referencing.exceptions import NoSuchResource
+
                 spec = specification_with(cls.META_SCHEMA.get("$schema", ""), default=DRAFT202012)
                 resource = Resource(contents=root, specification=spec)
-                registry = Registry().with_resources([(self.doc.root_sub.base, resource), ("", resource)])
+                doc = self.doc
+
+                def retrieve(uri: str) -> Any:
+                    contents = doc.remote_contents(uri)
+                    if contents is None:
+                        raise NoSuchResource(ref=uri)
+                    return Resource.from_contents(contents, default_specification=spec)
+
+                registry = Registry(retrieve=retrieve).with_resources(
+                    [(self.doc.root_sub.base, resource), ("", resource)])
                 v = cls(root, registry=registry, format_checker=checker)
                 if self.doc.root_sub.base != "":
                     v = v.evolve(_resolver=registry.resolver(base_uri=self.doc.root_sub.base))
@@ -262,11 +274,13 @@ class Translator:
         if self.options.format_mode == "enforce":
             for fmt, where in sh.formats:
                 if fmt in KNOWN_FORMATS:
-                    parts.append(format_ir(fmt))
+                    parts.append(format_ir("time@draft3" if fmt == "time" and self.doc.draft3 else fmt))
                 elif self.options.unknown_format == "error":
                     raise SchemaError(
                         f"unknown format {fmt!r} (known: {', '.join(sorted(KNOWN_FORMATS))}); "
                         "pass unknown_format='ignore' to treat it as an annotation", where, "format")
+                else:
+                    self.note(f"ignored unknown format {fmt!r} at {where} (an annotation: it asserts nothing)")
         return intersect(*parts) if len(parts) > 1 else parts[0]
 
     def pattern_ir(self, pattern: str, where: str, canonical: bool = False) -> Node:
