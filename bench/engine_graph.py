@@ -162,7 +162,7 @@ def run_suite(args: Any) -> None:
         del model
         torch.cuda.empty_cache()
     cols = modes + (["hf_xgrammar"] if args.hf_baseline else [])
-    print("\ntokens/s end to end (steady-state full-batch tokens/s in brackets; step ms)")
+    print("\ntokens/s end to end (in brackets: vs unconstrained with the same per-row lengths)")
     print("| model | batch | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 2) + "|")
     for name in args.models.split(","):
@@ -170,7 +170,7 @@ def run_suite(args: Any) -> None:
             cells = []
             for m in cols:
                 r = next((r for r in rows if r.get("model") == name and r.get("mode") == m and r.get("batch") == b), None)
-                cells.append("-" if r is None else f"{r['tok_per_s']} [{r.get('steady_tok_per_s')}; {r['step_ms']} ms]")
+                cells.append("-" if r is None else f"{r['tok_per_s']}" + (f" ({r['vs_none']}x)" if "vs_none" in r else ""))
             print(f"| {name} | {b} | " + " | ".join(cells) + " |")
 
 
@@ -189,6 +189,7 @@ def run_cell(sched: Timed, reqs: list[GenerationRequest], matchers: list[Any] | 
     full = [t for t, live in sched.log if live == batch]
     step = statistics.median(full) if full else float("nan")
     tokens = sum(len(r.token_ids) + (r.finish_reason == "stop") for r in results)
+    sched.lengths = [len(r.token_ids) + (r.finish_reason == "stop") for r in results]
     return {"tok_per_s": round(tokens / wall, 1), "step_ms": round(1e3 * step, 3),
             "steady_tok_per_s": round(batch / step, 1) if full else None, "full_steps": len(full),
             "tokens": tokens, "wall_s": round(wall, 3), "stop": sum(r.finish_reason == "stop" for r in results)}
@@ -305,9 +306,19 @@ def bench_model(name: str, model: Any, tok: Tok, schemas: list[dict], batches: l
         for m in modes:
             reqs = make_requests(tok, schemas, [] if m == "none" else compiled, b, max_tokens, bos)
             matchers = [anchors[m][i % len(schemas)].matcher() for i in range(b)] if m in anchors else None
+            before = scheds[m].cache.misses if m == "constrain" else 0
             row = {"model": name, "mode": m, "batch": b, **run_cell(scheds[m], reqs, matchers)}
             if m == "constrain":
-                row["misses"] = scheds[m].cache.misses
+                row["misses"] = scheds[m].cache.misses - before
+            if m != "none":
+                # The same work unconstrained: every row emits exactly as many tokens as it did
+                # here, so both runs have the same live batch at every step.
+                same = make_requests(tok, schemas, [], b, max_tokens, bos)
+                for r, n in zip(same, scheds[m].lengths):
+                    r.max_tokens = n
+                base = run_cell(scheds["none"], same, None)
+                row["none_same_lengths_tok_per_s"] = base["tok_per_s"]
+                row["vs_none"] = round(row["tok_per_s"] / base["tok_per_s"], 3)
             emit(row)
     del runner, scheds
     torch.cuda.empty_cache()

@@ -7,9 +7,12 @@ global next state. Rows and transitions come from constrain (``state_mask``, ``n
 ``state_transitions``): this module never computes a mask itself.
 
 Misses (a (state, token) pair or a next state the table does not hold yet) are resolved here,
-in one batch per step. The first miss out of a state also tries to load *all* its transitions
-(``state_transitions``), if they lead to few distinct states (keys, punctuation, enum values,
-string bodies): after that, decoding through that state needs no host work at all.
+in one batch per step. The first miss out of a state also loads *all* its transitions
+(``state_transitions``) when the state allows few tokens that lead to few distinct states (keys,
+punctuation, enum values): after that, decoding through that state needs no host work at all.
+States that allow many tokens (string bodies, numbers) are filled one (state, token) pair per
+miss: walking and hashing their ~100k transitions costs tens of milliseconds (measured on the
+H200 run of BENCHMARKS.md), far more than the misses it saves.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from constrain import CompiledGrammar
 from kernels import StateTable
 
 EXPAND_MAX_NEXT = 64  # load all transitions of a state when they reach at most this many states
+EXPAND_MAX_TOKENS = 4096  # ... and it allows at most this many tokens (big states stay lazy)
 
 
 class StateCache:
@@ -89,6 +93,9 @@ class StateCache:
 
     def _expand(self, gid: int, cg: CompiledGrammar, local: int) -> list[int]:
         """Load every transition out of ``gid`` when they lead to few states; returns new ids."""
+        allowed = int(np.unpackbits(cg.state_mask(local).view(np.uint8)).sum())
+        if allowed > EXPAND_MAX_TOKENS:
+            return []
         toks, nxts = cg.state_transitions(local)
         if len(toks) == 0:
             return []

@@ -65,6 +65,8 @@ class StaticDecoder:
         self.scale = self.head_dim ** -0.5
         self.cache = cache
         self.dtype = cache.keys[0].dtype
+        self.qkv = [_fuse(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj) for l in self.layers]
+        self.gate_up = [_fuse(l.mlp.gate_proj, l.mlp.up_proj) if _plain_mlp(l.mlp) else None for l in self.layers]
 
     @torch.inference_mode()
     def step(self, ids: torch.Tensor, pos: torch.Tensor, length: int) -> torch.Tensor:
@@ -77,7 +79,7 @@ class StaticDecoder:
         cos, sin = self.rotary(h, pos.unsqueeze(1))  # (B, 1, hd)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, 1, hd)
         keys = torch.arange(length, device=ids.device)
-        mask = torch.zeros((b, 1, 1, length), dtype=self.dtype, device=ids.device)
+        mask = torch.zeros((b, 1, 1, length), dtype=torch.float32, device=ids.device)
         mask.masked_fill_((keys.view(1, -1) > pos.view(-1, 1)).view(b, 1, 1, length), float("-inf"))
         # Flat row index of (slot b, head j, column write[b]) in a (slots*kv, cols, hd) view.
         cols = cache.max_len + 1
@@ -86,22 +88,53 @@ class StaticDecoder:
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(b, 1, nh, hd).transpose(1, 2)
-            k = attn.k_proj(x).view(b, 1, nkv, hd).transpose(1, 2)
-            v = attn.v_proj(x).view(b, 1, nkv, hd).transpose(1, 2)
+            w, bias = self.qkv[i]
+            qkv = F.linear(x[:, 0], w, bias)
+            q = qkv[:, : nh * hd].view(b, nh, 1, hd)
+            k = qkv[:, nh * hd: (nh + nkv) * hd].reshape(b, nkv, 1, hd)
+            v = qkv[:, (nh + nkv) * hd:].reshape(b, nkv, 1, hd)
             if hasattr(attn, "q_norm"):  # Qwen3
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
             kb, vb = cache.keys[i], cache.values[i]
             kb.view(-1, hd).index_copy_(0, flat, k.reshape(b * nkv, hd).to(kb.dtype))
             vb.view(-1, hd).index_copy_(0, flat, v.reshape(b * nkv, hd).to(vb.dtype))
-            out = F.scaled_dot_product_attention(
-                q, kb[:b, :, :length], vb[:b, :, :length], attn_mask=mask, scale=self.scale,
-                enable_gqa=nkv != nh,
-            )
-            h = h + attn.o_proj(out.transpose(1, 2).reshape(b, 1, nh * hd))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            # Grouped attention without repeating K/V: the G query heads of a KV head are rows.
+            qg = q.reshape(b, nkv, nh // nkv, hd)
+            scores = torch.matmul(qg, kb[:b, :, :length].transpose(-1, -2)).float() * self.scale + mask
+            probs = torch.softmax(scores, dim=-1).to(qg.dtype)
+            out = torch.matmul(probs, vb[:b, :, :length])  # (B, kv, G, hd)
+            h = h + attn.o_proj(out.reshape(b, 1, nh * hd))
+            x = layer.post_attention_layernorm(h)
+            if self.gate_up[i] is None:
+                h = h + layer.mlp(x)
+            else:
+                mlp = layer.mlp
+                gu = F.linear(x, *self.gate_up[i])
+                gate, up = gu.chunk(2, dim=-1)
+                h = h + mlp.down_proj(mlp.act_fn(gate) * up)
         return self.head(self.norm(h)[:, 0]).float()
+
+
+def _fuse(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight for several projections of the same input (one GEMM instead of 2-3: fewer
+    launches, better bandwidth at small batch). The modules' own weights become views of the
+    fused tensor, so no memory is duplicated and the eager path reads the same numbers."""
+    weight = torch.cat([m.weight.data for m in linears])
+    start = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight.data = weight[start:start + n]
+        start += n
+    if all(m.bias is None for m in linears):
+        return weight, None
+    bias = torch.cat([m.bias.data if m.bias is not None else weight.new_zeros(m.weight.shape[0]) for m in linears])
+    return weight, bias
+
+
+def _plain_mlp(mlp: torch.nn.Module) -> bool:
+    """A gated MLP ``down(act(gate(x)) * up(x))`` with bias-free gate/up (Llama, Qwen, Mistral)."""
+    return all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn"))
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
