@@ -16,6 +16,10 @@ from constrain.derivatives import NOTHING, ExprTable
 from constrain.token_trie import TokenTrie, expand_ranges
 
 DEFAULT_MASK_CACHE = 4096
+# Splitting a state pays only when few tokens cross from the head into the tail: at most
+# 1/SPLIT_MAX_CROSSING of the vocabulary, else the crossing walk costs as much as a plain one.
+SPLIT_MAX_CROSSING = 8
+SPLIT_DOES_NOT_PAY = object()
 
 MAX_FORCED_BYTES = 4096
 
@@ -131,10 +135,16 @@ class TokenAutomaton:
             crossing = flags[ends]
             inside = self._pack(tokens[~crossing], False)
             dependent = tokens[crossing]
-            sub = TokenTrie(self.token_bytes, only=dependent.tolist()) if len(dependent) else None
-            cached = self._heads[key] = (inside, sub)
+            if len(dependent) * SPLIT_MAX_CROSSING > self.trie.size:
+                cached = SPLIT_DOES_NOT_PAY  # most tokens cross: a plain walk is cheaper
+            else:
+                sub = TokenTrie(self.token_bytes, only=dependent.tolist()) if len(dependent) else None
+                cached = (inside, sub)
+            self._heads[key] = cached
             if len(self._heads) > self._mask_cache_size:
                 self._heads.popitem(last=False)
+        if cached is SPLIT_DOES_NOT_PAY:
+            return None
         inside, sub = cached
         crossing_tokens = self.transitions(state, sub)[0] if sub is not None else np.zeros(0, np.int32)
         return inside | self._pack(crossing_tokens, self.is_accepting(state))

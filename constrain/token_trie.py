@@ -36,6 +36,7 @@ class TokenTrie:
         ids = [i for i in (range(len(token_bytes)) if only is None else only) if token_bytes[i]]
         ids.sort(key=lambda i: token_bytes[i])
         self.levels: list[TrieLevel] = []
+        self.size = len(ids)  # tokens in the trie
         if not ids:
             return
         toks = [token_bytes[i] for i in ids]
