@@ -124,3 +124,51 @@ def test_generated_regex_formats_compile_in_python_and_are_a_subset():
                 re.compile(text)
 
     check()
+
+
+# ------------------------------------------------------------------------------ uniqueItems
+
+def _arrays(values, max_len=4):
+    import itertools
+
+    out = [[]]
+    for n in range(1, max_len + 1):
+        out += [list(p) for p in itertools.product(values, repeat=n)]
+    return out
+
+
+def test_unique_items_over_finite_sets():
+    agree({"type": "array", "items": {"enum": ["a", "b", 1]}, "uniqueItems": True}, _arrays(["a", "b", 1, 1.0]))
+    agree({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}, _arrays([True, False, None], 3))
+    agree({"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 3}, "uniqueItems": True},
+          _arrays([0, 1, 2, 3], 4))
+    # tuples: finite positions, with and without more items
+    agree({"prefixItems": [{"type": "boolean"}, {"type": "boolean"}], "items": False, "uniqueItems": True},
+          _arrays([True, False, 1], 3))
+    agree({"prefixItems": [{"type": "boolean"}, {"enum": [True, "x"]}], "items": {"const": "x"}, "uniqueItems": True},
+          _arrays([True, False, "x"], 4))
+
+
+def test_unique_items_with_disjoint_positions():
+    schema = {"prefixItems": [{"type": "string"}, {"type": "integer"}, {"type": "boolean"}], "items": False,
+              "uniqueItems": True}
+    agree(schema, [["a", 1, True], ["a", 1], ["a"], [1, 1], ["a", "a"], ["a", 1, True, False]])
+    # a string position next to a repeated finite rest of numbers
+    agree({"prefixItems": [{"type": "string"}], "items": {"enum": [1, 2]}, "uniqueItems": True},
+          [["a", 1, 2], ["a", 1, 1], ["a", 2, 1], ["a"], ["a", 1, 2, 1], [1]])
+    # at most one item: always unique
+    agree({"type": "array", "items": {"type": "string"}, "maxItems": 1, "uniqueItems": True}, [[], ["a"], ["a", "a"]])
+    # one string position, one item beyond that may be anything but a string
+    agree({"prefixItems": [{"type": "string"}], "items": {"type": "number"}, "maxItems": 2, "uniqueItems": True},
+          [["a", 1], ["a"], ["a", "a"], ["a", 1, 2]])
+
+
+def test_unique_items_undecidable_is_an_error():
+    for schema in ({"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+                   {"prefixItems": [{"type": "string"}, {"type": "string"}], "items": False, "uniqueItems": True},
+                   {"prefixItems": [{"type": "boolean"}], "uniqueItems": True}):
+        with pytest.raises(SchemaError, match="uniqueItems") as info:
+            json_schema_to_grammar(schema)
+        assert info.value.pointer == "#/uniqueItems"
+    g = json_schema_to_grammar({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, lenient=True)
+    assert any("uniqueItems" in n for n in g.notes)

@@ -109,39 +109,105 @@ def _contains(t: "Translator", sh: Shape, c: Any, rest_subs: list[Sub], width: i
     return _wrap(t, body)
 
 
+MAX_UNIQUE_STATES = 4096
+MAX_INTEGER_SPAN = 32
+
+
 def _finite_values(t: "Translator", subs: list[Sub]) -> list[Any] | None:
+    """Every value satisfying all of ``subs`` when they are few and known (None otherwise)."""
     values: list[Any] = []
     for shape in t.shapes_of(subs):
         if shape.enums:
             got = t.norm.values(shape)
         elif shape.types <= {"null", "boolean"}:
             got = [v for v in (None, True, False) if t.norm.valid_shape(v, shape) is True]
+        elif shape.types == {"integer"} and shape.lo is not None and shape.hi is not None \
+                and shape.hi.value - shape.lo.value <= MAX_INTEGER_SPAN:
+            lo, hi = int(shape.lo.value.to_integral_value("ROUND_FLOOR")), int(shape.hi.value.to_integral_value("ROUND_CEILING"))
+            got = [v for v in range(lo, hi + 1) if t.norm.valid_shape(v, shape) is True]
         else:
             return None
-        if got is None:
+        if got is None or len(got) > MAX_UNIQUE_VALUES * 4:
             return None
         values += got
     return dedupe_values(values)
 
 
 def _unique(t: "Translator", sh: Shape, position_subs: list[list[Sub]], rest_subs: list[Sub]) -> Node:
+    """Arrays whose elements are pairwise distinct, or a ``SchemaError`` where that is undecidable here.
+
+    Elements at positions with a finite set of values (enum, const, booleans, small integer
+    ranges) are tracked in the state (the set of values used so far); an element at any other
+    position must provably differ from every other element (disjoint schemas: types, ranges...),
+    and such a position may occur once only. The language written here is intersected with the
+    array's own, so it only has to say "distinct", not "valid".
+    """
     where = sh.unique[0]
-    values = None if position_subs else _finite_values(t, rest_subs)
-    if values is None or len(values) > MAX_UNIQUE_VALUES:
-        if t.options.lenient:
-            t.note(f"relaxed uniqueItems at {where}")
-            return _wrap(t, t.any_list())
-        why = "more than 10 distinct values" if values is not None else "not a small finite set of values"
-        raise SchemaError(f"cannot enforce 'uniqueItems': the items are {why}; pass lenient=True to relax it",
-                          where, "uniqueItems")
+    width = len(position_subs)
+    hi = sh.max_items
+    positions = position_subs + ([rest_subs] if hi is None or hi > width else [])
+    rest_repeats = len(positions) > width and (hi is None or hi > width + 1)
+    finite = [_finite_values(t, subs) for subs in positions]
+    why = None
+    if rest_repeats and finite[-1] is None:
+        why = "the items beyond the prefix are not a small finite set of values"
+    else:
+        shapes = [t.shapes_of(subs) if f is None else None for subs, f in zip(positions, finite)]
+        for i in range(len(positions)):
+            for j in range(i + 1, len(positions)):
+                if finite[i] is not None and finite[j] is not None:
+                    continue
+                a = shapes[i] if shapes[i] is not None else t.shapes_of(positions[i])
+                b = shapes[j] if shapes[j] is not None else t.shapes_of(positions[j])
+                if any(t.norm.overlap(x, y) for x in a for y in b):
+                    why = f"items {i} and {j} may be equal and are not a small finite set of values"
+                    break
+            if why:
+                break
+    values = dedupe_values([v for f in finite if f is not None for v in f])
+    if why is None and len(values) > 16:
+        why = f"{len(values)} distinct values are too many to track"
+    if why is None:
+        node = _unique_automaton(t, where, positions, finite, values)
+        if node is not None:
+            return node
+        why = "tracking the values already used needs too many states"
+    if t.options.lenient:
+        t.note(f"relaxed uniqueItems at {where}")
+        return _wrap(t, t.any_list())
+    raise SchemaError(f"cannot enforce 'uniqueItems': {why}; pass lenient=True to relax it", where, "uniqueItems")
+
+
+def _unique_automaton(t: "Translator", where: str, positions: list[list[Sub]], finite: list[list[Any] | None],
+                      values: list[Any]) -> Node | None:
+    """Rules over states (position, values used); None when more than MAX_UNIQUE_STATES are reachable."""
+    from grammars.json_schema.literals import hashable
+
+    index = {hashable(v): i for i, v in enumerate(values)}
     spell = [t.value_literal(v) for v in values]
-    k = len(values)
+    allowed = [None if f is None else [index[hashable(v)] for v in f] for f in finite]
+    last = len(positions) - 1
     prefix = t.fresh_name(where + "#unique")
-    for mask in range((1 << k) - 1, -1, -1):
-        options = [EMPTY]
-        for i in range(k):
-            if not mask >> i & 1:
-                sep = t.comma if mask else EMPTY
-                options.append(seq(sep, spell[i], ref(f"{prefix}@{mask | 1 << i}")))
-        t.rules[f"{prefix}@{mask}"] = alt(*options)
-    return _wrap(t, ref(f"{prefix}@0"))
+    name = lambda pos, mask: f"{prefix}@{pos},{mask}"  # noqa: E731
+    todo = [(0, 0)]
+    seen = {(0, 0)}
+    rules: dict[str, Node] = {}
+    while todo:
+        pos, mask = todo.pop()
+        if len(seen) > MAX_UNIQUE_STATES:
+            return None
+        options: list[Node] = [EMPTY]
+        sep = t.comma if pos or mask else EMPTY  # something came before
+        nxt_pos = min(pos + 1, last)
+        if pos <= last:
+            steps = ([(t.any_value(), mask)] if allowed[pos] is None else
+                     [(spell[i], mask | 1 << i) for i in allowed[pos] if not mask >> i & 1])
+            for elem, nxt_mask in steps:
+                nxt = (nxt_pos if pos < last else last + 1 if allowed[pos] is None else last, nxt_mask)
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+                options.append(seq(sep, elem, ref(name(*nxt))))
+        rules[name(pos, mask)] = alt(*options)
+    t.rules.update(rules)
+    return _wrap(t, ref(name(0, 0)))
