@@ -376,20 +376,30 @@ class ExprTable:
 
     def derive(self, e: int, byte: int) -> int:
         """The expression left to match after ``byte``."""
-        key = e * 256 + byte
-        out = self._deriv.get(key)
+        out = self._deriv.get(e * 256 + byte)
         if out is not None:
             return out
         with self.lock:
+            return self._d(e, byte)
+
+    def _d(self, e: int, b: int) -> int:
+        """``derive`` for callers holding the lock (the recursion itself)."""
+        key = e * 256 + b
+        out = self._deriv.get(key)
+        if out is not None:
+            return out
+        if self._kind[e] == K_REF:  # every cycle of derivatives passes through a rule reference
             if key in self._deriving:
                 raise GrammarError("left-recursive grammar: a rule can reach itself without consuming input")
             self._deriving.add(key)
             try:
-                out = self._derive(e, byte)
+                out = self._derive(e, b)
             finally:
                 self._deriving.discard(key)
-            self._deriv[key] = out
-            return out
+        else:
+            out = self._derive(e, b)
+        self._deriv[key] = out
+        return out
 
     def _derive(self, e: int, b: int) -> int:
         k, a = self._kind[e], self._args[e]
@@ -397,24 +407,24 @@ class ExprTable:
             return EMPTY if (a[0] >> b) & 1 else NOTHING
         if k == K_SEQ:
             head, tail = a
-            out = self._mk_seq(self.derive(head, b), tail)
+            out = self._mk_seq(self._d(head, b), tail)
             if self.nullable(head):
-                out = self._mk_alt([out, self.derive(tail, b)])
+                out = self._mk_alt([out, self._d(tail, b)])
             return out
         if k == K_ALT:
-            return self._mk_alt([self.derive(m, b) for m in a[0]])
+            return self._mk_alt([self._d(m, b) for m in a[0]])
         if k == K_AND:
-            return self._mk_and([self.derive(m, b) for m in a[0]])
+            return self._mk_and([self._d(m, b) for m in a[0]])
         if k == K_NOT:
-            return self._mk_not(self.derive(a[0], b))
+            return self._mk_not(self._d(a[0], b))
         if k == K_REPEAT:
             item, lo, hi = a
             rest = self._mk_repeat(item, max(lo - 1, 0), None if hi is None else hi - 1)
-            return self._mk_seq(self.derive(item, b), rest)
+            return self._mk_seq(self._d(item, b), rest)
         if k == K_REF:
-            return self._mk_frame(self.derive(self._body(a[0]), b))
+            return self._mk_frame(self._d(self._body(a[0]), b))
         if k == K_FRAME:
-            return self._mk_frame(self.derive(a[0], b))
+            return self._mk_frame(self._d(a[0], b))
         if k == K_MARK:
             return self.dep if (a[0] >> b) & 1 else NOTHING
         if k == K_DEP:
