@@ -9,6 +9,14 @@ top-level alternative (or an alternative of a group that is a whole top-level al
 ``(^a$)|(^b$)``). With ``search=False`` (full match) they are no-ops; with ``search=True``
 (``re.search`` / JSON Schema ``pattern``) an unanchored side is padded with "any text".
 Anchors anywhere else raise ``RegexError``.
+
+Lookaheads ``(?=X)``/``(?!X)`` are supported where what follows them is a plain suffix of the
+match: in a top-level sequence (groups that are not repeated are opened up, alternatives of
+such a group distributed over what follows). There ``P (?=X) S`` is ``P`` followed by the
+strings of ``S`` (plus what may follow the match) that also match ``X`` then anything, an IR
+intersection; ``(?!X)`` intersects with the complement. ``$`` at the end of ``X`` pins it to the
+end of the text. Lookaheads anywhere else (inside a repeat, another lookahead's start...) raise
+``RegexError`` with their position.
 """
 
 from __future__ import annotations
@@ -16,8 +24,8 @@ from __future__ import annotations
 from typing import Callable, Literal
 
 from grammars.errors import RegexError
-from grammars.ir import EMPTY, Node, alt, optional, repeat, seq
-from grammars.regex_parser import Anchor, Ast, Chars, Concat, Group, Quant, Alternation, parse
+from grammars.ir import EMPTY, Node, alt, complement, intersect, optional, repeat, seq
+from grammars.regex_parser import Anchor, Ast, Chars, Concat, Group, Look, Quant, Alternation, parse
 from grammars.unicode import MAX_CODE_POINT, char_class
 
 __all__ = ["regex_to_ir"]
@@ -29,6 +37,8 @@ _Branch = tuple[str | None, Ast, str | None]
 
 # Anchor strength: combining two anchors at one edge keeps the stricter (earlier) one.
 _MODES = ("strict", "final_newline", "multiline")
+# How many copies of a suffix distributing a group's alternatives over it may make.
+_MAX_DISTRIBUTED = 64
 
 
 def regex_to_ir(
@@ -60,10 +70,40 @@ class _Builder:
     def top(self, tree: Ast, search: bool) -> Node:
         parts = []
         for left, middle, right in self.alternatives(tree, None, None):
-            body = self.build(middle)
             if search:
-                body = seq(self.left_pad(left), body, self.right_pad(right))
+                body = seq(self.left_pad(left), self.sequence(_items(middle), self.right_pad(right)))
+            else:
+                body = self.sequence(_items(middle), EMPTY)
             parts.append(body)
+        return alt(*parts)
+
+    def sequence(self, items: list[Ast], tail: Node, budget: list[int] | None = None) -> Node:
+        """``items`` followed by ``tail`` (the rest of the text), lookaheads among them enforced."""
+        budget = [_MAX_DISTRIBUTED] if budget is None else budget
+        items = _open_groups(items)
+        for k, item in enumerate(items):
+            if isinstance(item, Look):
+                rest = self.sequence(items[k + 1:], tail, budget)
+                ahead = self.lookahead(item, budget)
+                rest = intersect(rest, complement(ahead) if item.negative else ahead)
+                return seq(*(self.build(x) for x in items[:k]), rest)
+            if isinstance(item, Group) and isinstance(item.item, Alternation) and _has_look(item.item):
+                budget[0] -= len(item.item.items)
+                if budget[0] < 0:
+                    raise RegexError("lookahead inside alternatives: too many combinations to expand",
+                                     self.pattern, _first_look(item.item).pos)
+                after = items[k + 1:]
+                branches = [self.sequence([b, *after], tail, budget) for b in item.item.items]
+                return seq(*(self.build(x) for x in items[:k]), alt(*branches))
+        return seq(*(self.build(x) for x in items), tail)
+
+    def lookahead(self, look: Look, budget: list[int]) -> Node:
+        """The texts (from the lookahead's position to the end) that the lookahead accepts."""
+        parts = []
+        for left, middle, right in self.alternatives(look.item, None, None):
+            if left is not None:
+                raise RegexError("a start anchor inside a lookahead is not supported", self.pattern, look.pos)
+            parts.append(self.sequence(_items(middle), self.right_pad(right), budget))
         return alt(*parts)
 
     def alternatives(self, tree: Ast, left: str | None, right: str | None) -> list[_Branch]:
@@ -112,12 +152,53 @@ class _Builder:
             return self.build(node.item)
         if isinstance(node, Quant):
             return repeat(self.build(node.item), node.min, node.max)
+        if isinstance(node, Look):
+            kind = "negative lookahead (?!...)" if node.negative else "lookahead (?=...)"
+            raise RegexError(
+                f"{kind} is only supported where the rest of the pattern follows it directly "
+                "(not inside a repeat or an alternative that is repeated)", self.pattern, node.pos)
         if isinstance(node, Anchor):
             where = "start" if node.side == "start" else "end"
             raise RegexError(
                 f"anchor {node.text} is only supported at the {where} of the pattern "
                 f"(or of a top-level alternative)", self.pattern, node.pos)
         raise TypeError(f"unexpected regex node {node!r}")
+
+
+def _items(node: Ast) -> list[Ast]:
+    return list(node.items) if isinstance(node, Concat) else [node]
+
+
+def _open_groups(items: list[Ast]) -> list[Ast]:
+    """Items with unrepeated groups of one sequence spliced in (so their lookaheads are reachable)."""
+    out: list[Ast] = []
+    stack = list(reversed(items))
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Concat):
+            stack.extend(reversed(item.items))
+        elif isinstance(item, Group) and not isinstance(item.item, Alternation) and _has_look(item.item):
+            stack.extend(reversed(_items(item.item)))
+        else:
+            out.append(item)
+    return out
+
+
+def _has_look(node: Ast) -> bool:
+    return _first_look(node) is not None
+
+
+def _first_look(node: Ast) -> Look | None:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Look):
+            return n
+        if isinstance(n, (Concat, Alternation)):
+            stack.extend(reversed(n.items))
+        elif isinstance(n, (Group, Quant)):
+            stack.append(n.item)
+    return None
 
 
 def _stricter(a: str | None, b: str) -> str:

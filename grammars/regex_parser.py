@@ -4,9 +4,9 @@ Two dialects: ``python`` follows CPython's ``re`` (str patterns) and ``ecma`` fo
 JSON Schema uses it (Annex B leniency for a stray ``]``, ``}`` or non-quantifier ``{``, plus the
 ``u``-mode escapes ``\\u{..}`` and ``\\p{..}``). Every character-matching construct is resolved here
 to code-point ranges (case folding included), so the IR builder in ``grammars.regex`` only sees
-sets, sequences, unions, repeats and anchors. Features we do not translate (backreferences,
-lookaround, word boundaries, atomic groups, possessive quantifiers...) raise ``RegexError``
-naming the feature and its position.
+sets, sequences, unions, repeats, anchors and lookaheads (which the builder places). Features we
+do not translate (backreferences, lookbehind, word boundaries, atomic groups, possessive
+quantifiers...) raise ``RegexError`` naming the feature and its position.
 
 Class escapes follow each dialect: Python's ``\\d \\w \\s`` are Unicode-aware (exactly as ``re``
 for str patterns, ASCII under ``(?a)``); ECMA's ``\\d \\w`` are ASCII and ``\\s`` is ECMA's own
@@ -27,7 +27,7 @@ from grammars.regex_classes import (
 )
 from grammars.unicode import MAX_CODE_POINT, Ranges, negate, normalize
 
-__all__ = ["Chars", "Concat", "Alternation", "Group", "Quant", "Anchor", "Ast", "parse", "MAX_REPEAT"]
+__all__ = ["Chars", "Concat", "Alternation", "Group", "Quant", "Anchor", "Look", "Ast", "parse", "MAX_REPEAT"]
 
 Dialect = Literal["python", "ecma"]
 
@@ -81,7 +81,17 @@ class Anchor:
     pos: int
 
 
-Ast = Union[Chars, Concat, Alternation, Group, Quant, Anchor]
+@dataclass(frozen=True)
+class Look:
+    """A lookahead ``(?=item)`` (``negative``: ``(?!item)``) found at ``pos``; the builder decides
+    where it can be enforced."""
+
+    item: "Ast"
+    negative: bool
+    pos: int
+
+
+Ast = Union[Chars, Concat, Alternation, Group, Quant, Anchor, Look]
 
 
 @dataclass(frozen=True)
@@ -211,6 +221,8 @@ class _Parser:
             if bounds is not None:
                 if not items or isinstance(items[-1], Anchor):
                     raise self.error("nothing to repeat", start)
+                if isinstance(items[-1], Look):
+                    raise self.error("a quantified lookahead is not supported", start)
                 if quantified:
                     raise self.error("multiple repeat", start)
                 if self.peek() == "+" and not self.ecma:
@@ -286,6 +298,14 @@ class _Parser:
     # --- groups --------------------------------------------------------------------------------
     def group(self, start: int) -> Ast:
         saved = self.flags
+        if self.src.startswith("?=", self.i) or self.src.startswith("?!", self.i):
+            negative = self.src[self.i + 1] == "!"
+            self.i += 2
+            inner = self.alternation()
+            if not self.eat(")"):
+                raise self.error("missing ), unterminated subpattern", start)
+            self.flags = saved
+            return Look(inner, negative, start)
         if self.eat("?"):
             self.group_extension(start)
         inner = self.alternation()
@@ -298,8 +318,7 @@ class _Parser:
         """Handle what follows ``(?``: non-capturing and named groups, scoped flags; reject the rest."""
         if self.eat(":"):
             return
-        for prefix, feature in (("=", "lookahead"), ("!", "negative lookahead"),
-                                ("<=", "lookbehind"), ("<!", "negative lookbehind"),
+        for prefix, feature in (("<=", "lookbehind"), ("<!", "negative lookbehind"),
                                 (">", "atomic groups"), ("(", "conditional groups")):
             if self.src.startswith(prefix, self.i):
                 raise self.error(f"{feature} (?{prefix}...) is not supported", start)

@@ -202,8 +202,8 @@ ERRORS = [
     ("a{0,200000}", "ecma", "exceeds the limit", 2),
     ("a*+", "python", "possessive", 1),
     ("(?>a)", "python", "atomic", 0),
-    ("a(?=b)", "ecma", "lookahead", 1),
-    ("a(?!b)", "python", "negative lookahead", 1),
+    ("(a(?=b))+", "ecma", "lookahead", 2),
+    ("(a(?!b))*", "python", "negative lookahead", 2),
     ("(?<=a)b", "ecma", "lookbehind", 0),
     ("(?<!a)b", "python", "negative lookbehind", 0),
     ("(a)\\1", "python", "backreferences", 3),
@@ -254,3 +254,50 @@ def test_python_errors_are_errors_in_re_too() -> None:
 def test_unknown_dialect() -> None:
     with pytest.raises(ValueError, match="dialect"):
         regex_to_ir("a", dialect="perl")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ lookahead
+
+_ATOMS = ["a", "b", "c", ".", "[ab]", "(a|bc)", "a*", "b+", "(ab)?", "[^a]"]
+
+
+@st.composite
+def _lookahead_patterns(draw: st.DrawFn, depth: int = 0) -> str:
+    def plain_seq() -> str:
+        return "".join(draw(st.lists(st.sampled_from(_ATOMS), max_size=3)))
+
+    def look() -> str:
+        inner = "|".join(plain_seq() + draw(st.sampled_from(["", "", "$"])) for _ in range(draw(st.integers(1, 2))))
+        if depth < 1 and draw(st.booleans()):
+            inner = draw(_lookahead_patterns(depth + 1)).lstrip("^")
+        return draw(st.sampled_from(["(?=", "(?!"])) + inner + ")"
+
+    items = draw(st.lists(st.one_of(st.sampled_from(_ATOMS), st.builds(look)), max_size=4))
+    if draw(st.booleans()):  # a group of alternatives holding a lookahead, then more
+        items.append("(" + plain_seq() + look() + "|" + plain_seq() + ")" + plain_seq())
+    return draw(st.sampled_from(["", "^"])) + "".join(items) + draw(st.sampled_from(["", "$"]))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_lookahead_patterns(), st.lists(st.text("abc\n", max_size=6), min_size=6, max_size=6))
+def test_lookahead_agrees_with_re(pattern: str, texts: list[str]) -> None:
+    compiled = re.compile(pattern)
+    for text in texts:
+        assert ir_matches(pattern, text) == bool(compiled.fullmatch(text)), (pattern, text)
+        assert ir_matches(pattern, text, search=True) == bool(compiled.search(text)), (pattern, text, "search")
+
+
+def test_lookahead_in_real_patterns() -> None:
+    host = r"^(?!.*://)(?=.{1,255}$)((.{1,63}\.){1,127}(?![0-9]*$)[a-z0-9-]+\.?)$"
+    for text in ["example.com", "a.123", "http://x.com", "x" * 300 + ".com", "a.b1", "a..b"]:
+        assert ir_matches(host, text, dialect="ecma", search=True) == bool(re.search(host, text)), text
+    no_reserved = r"^(?!(?:con|nul)$)[a-z]+$"
+    for text in ["con", "cons", "nul", "x", "co"]:
+        assert ir_matches(no_reserved, text, dialect="ecma", search=True) == bool(re.search(no_reserved, text)), text
+
+
+@pytest.mark.parametrize(("pattern", "position"), [("(a(?=b))*", 2), ("(?=^a)a", 0), ("a|(b(?!c))+", 4)])
+def test_lookahead_where_it_cannot_be_placed(pattern: str, position: int) -> None:
+    with pytest.raises(RegexError, match="lookahead") as info:
+        regex_to_ir(pattern)
+    assert info.value.position == position
