@@ -33,6 +33,7 @@ from engine.graph_runner import BATCH_BUCKETS, GraphRunner
 from engine.sampler import SamplingParams
 from engine.types import GenerationRequest
 
+STATES, TRANSITIONS = 8192, 1 << 20  # state table reserved before timing (no growth, no recapture)
 SCHEMAS = [("Glaiveai2K", 0), ("Glaiveai2K", 2), ("Github_easy", 0), ("Kubernetes", 1)]
 PROMPT = "Produce one JSON object for this schema, item {i}: {schema}"
 LLAMA3_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
@@ -299,6 +300,8 @@ def bench_model(name: str, model: Any, tok: Tok, schemas: list[dict], batches: l
             runner.capture(b, lengths)
     scheds = {m: Timed(runner, tok.vocab, mode="none" if m == "none" else "table" if m == "constrain" else "host")
               for m in modes}
+    for sc in scheds.values():  # sample graphs of every bucket, table reserved to its final size
+        sc.capture(states=STATES, transitions=TRANSITIONS)
     for m, sc in scheds.items():  # warm-up: sample graphs, Triton JIT, first constraint states
         reqs = make_requests(tok, schemas, [] if m == "none" else compiled, 4, 8, bos)
         run_cell(sc, reqs, [anchors[m][i % len(schemas)].matcher() for i in range(4)] if m in anchors else None)
@@ -306,10 +309,16 @@ def bench_model(name: str, model: Any, tok: Tok, schemas: list[dict], batches: l
         for m in modes:
             reqs = make_requests(tok, schemas, [] if m == "none" else compiled, b, max_tokens, bos)
             matchers = [anchors[m][i % len(schemas)].matcher() for i in range(b)] if m in anchors else None
-            before = scheds[m].cache.misses if m == "constrain" else 0
+            cache = scheds[m].cache
+            before = (cache.misses, cache.expansions, cache.defaults) if cache else None
+            captures = runner.captures
             row = {"model": name, "mode": m, "batch": b, **run_cell(scheds[m], reqs, matchers)}
-            if m == "constrain":
-                row["misses"] = scheds[m].cache.misses - before
+            row["captures_in_run"] = runner.captures - captures  # should be 0
+            if cache is not None:
+                row["misses"] = cache.misses - before[0]
+                row["expansions"] = cache.expansions - before[1]
+                row["defaults"] = cache.defaults - before[2]
+                row["table_generation"] = cache.table.generation
             if m != "none":
                 # The same work unconstrained: every row emits exactly as many tokens as it did
                 # here, so both runs have the same live batch at every step.

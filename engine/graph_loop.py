@@ -7,7 +7,8 @@ either), different division of work:
   ``kernels.StateTable``). The captured step gathers each row's mask by its state, samples and
   advances the state on the GPU. The host reads back (token, state, miss) once per step and only
   works on misses (a state or transition seen for the first time: computed by constrain,
-  stored, never missed again) and on finished rows.
+  stored, never missed again; a state's transitions are loaded in bulk on its first miss, see
+  ``StateCache``) and on finished rows.
 - ``mode="host"``: per-row matcher objects fill a bitmask on the host each step, while the
   forward graph runs; the mask goes to the GPU and the captured sampler applies it. This is how
   xgrammar and llguidance are driven in the benchmark (and constrain's own ``Matcher``, for a
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 
 from constrain import Matcher, Vocabulary
-from engine.graph_runner import GraphRunner, batch_bucket, seed_base
+from engine.graph_runner import BATCH_BUCKETS, GraphRunner, batch_bucket, seed_base
 from engine.state_cache import StateCache
 from engine.types import GenerationRequest, GenerationResult
 
@@ -116,6 +117,17 @@ class GraphScheduler:
         self._next_id += 1
         self.waiting.append(_Row(rid, request, host_matcher))
         return rid
+
+    def capture(self, states: int = 0, transitions: int = 0) -> None:
+        """Capture this mode's sample graph for every batch bucket ahead of time, after
+        reserving the state table (``states`` rows, ``transitions`` hash entries) so that it does
+        not reallocate later, which would force the table graphs to be captured again."""
+        table = self.cache.table if self.cache is not None else None
+        if table is not None:
+            table.reserve(states, transitions)
+        for b in BATCH_BUCKETS:
+            if b <= self.runner.max_rows:
+                self.runner.capture_sample(b, self.mode, table)
 
     def has_work(self) -> bool:
         return bool(self.waiting) or any(r.finish_reason is None for r in self.rows)

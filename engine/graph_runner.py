@@ -4,7 +4,8 @@ Why: an eager decode step of a transformers model is ~450 kernel launches plus P
 layer, ~80-100 ms at any batch on an H200, so the GPU idles and constraint overhead cannot even
 be seen. Replaying a captured graph costs a few microseconds of host time per step.
 
-What is captured (per bucket, lazily, on first use):
+What is captured (per bucket, on first use, or ahead of time with ``capture`` /
+``capture_sample`` so that no capture lands inside a timed run):
 - ``forward`` graph per (rows, attended length): ``StaticDecoder.step`` on the static ``ids`` /
   ``pos`` buffers, logits into the static ``logits`` buffer;
 - ``sample`` graph per (rows, mode): the fused sampler over those logits, masks taken
@@ -80,6 +81,7 @@ class GraphRunner:
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._table_gen: tuple[int, int] | None = None
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.captures = 0  # graphs captured so far (a benchmark checks none happen while timing)
 
     @property
     def max_len(self) -> int:
@@ -124,12 +126,26 @@ class GraphRunner:
     @torch.inference_mode()
     def sample(self, rows: int, mode: str, table: StateTable | None = None) -> None:
         """Sample rows ``0..rows-1`` from ``self.logits``; outputs in ``self.out``, inputs advanced."""
+        self._check_table(table)
+        key = ("table" if mode == "table" else "sample", rows, mode)
+        self._run(key, lambda: self._sample(0, rows, mode, table))
+
+    def _check_table(self, table: StateTable | None) -> None:
         if table is not None and (id(table), table.generation) != self._table_gen:
             # The table reallocated (grew): graphs holding its old tensors must be captured again.
             self._graphs = {k: g for k, g in self._graphs.items() if k[0] != "table"}
             self._table_gen = (id(table), table.generation)
+
+    @torch.inference_mode()
+    def capture_sample(self, rows: int, mode: str, table: StateTable | None = None) -> None:
+        """Capture the sample graph of ``rows`` for ``mode`` ahead of time (the table must already
+        be reserved to its final size: a table that grows invalidates its graphs)."""
+        if not self.use_graphs:
+            return
+        self._check_table(table)
         key = ("table" if mode == "table" else "sample", rows, mode)
-        self._run(key, lambda: self._sample(0, rows, mode, table))
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(lambda: self._sample(0, rows, mode, table))
 
     @torch.inference_mode()
     def sample_rows(self, lo: int, hi: int, mode: str, table: StateTable | None = None) -> None:
@@ -179,6 +195,7 @@ class GraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             fn()
+        self.captures += 1
         logger.debug("captured decode graph %s", fn)
         return graph
 

@@ -7,12 +7,17 @@ global next state. Rows and transitions come from constrain (``state_mask``, ``n
 ``state_transitions``): this module never computes a mask itself.
 
 Misses (a (state, token) pair or a next state the table does not hold yet) are resolved here,
-in one batch per step. The first miss out of a state also loads *all* its transitions
-(``state_transitions``) when the state allows few tokens that lead to few distinct states (keys,
-punctuation, enum values): after that, decoding through that state needs no host work at all.
-States that allow many tokens (string bodies, numbers) are filled one (state, token) pair per
-miss: walking and hashing their ~100k transitions costs tens of milliseconds (measured on the
-H200 run of BENCHMARKS.md), far more than the misses it saves.
+in one batch per step. The first miss out of a state also loads *all* its transitions in one
+vectorised call (``state_transitions``), so later steps through that state need no host work:
+- small states (keys, punctuation, enum values: few tokens, few next states): every pair goes
+  into the hash and the rows of all next states are stored;
+- wide states (string bodies: ~120k allowed tokens, ~99% of them back into the same state):
+  the most common next state becomes the state's *default* (``StateTable.set_default``) and only
+  the other pairs (a few hundred to a few thousand) are hashed. Hashing all ~120k pairs instead
+  cost ~100 ms of host time per state, and filling them one miss at a time missed almost every
+  step with random weights (up to 10,589 host round trips per run on the H200).
+A wide state whose tokens spread over many next states with no dominant one (bounded-length
+strings) stays lazy: one (state, token) pair per miss.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from constrain import CompiledGrammar
 from kernels import StateTable
 
 EXPAND_MAX_NEXT = 64  # load all transitions of a state when they reach at most this many states
-EXPAND_MAX_TOKENS = 4096  # ... and it allows at most this many tokens (big states stay lazy)
+EXPAND_MAX_TOKENS = 4096  # ... and it allows at most this many tokens; wider states get a default
+MAX_EXCEPTIONS = 16384  # a wide state gets a default when at most this many tokens leave it elsewhere
 
 
 class StateCache:
@@ -41,8 +47,10 @@ class StateCache:
         self._where: list[tuple[CompiledGrammar, int]] = []  # global -> (cg, local)
         self._expanded: set[int] = set()
         self._stored: set[int] = set()  # global ids whose mask row is in the table
+        self._default: dict[int, int] = {}  # global id -> its default next global id
         self.misses = 0
         self.expansions = 0
+        self.defaults = 0  # wide states given a default next state
 
     def initial(self, cg: CompiledGrammar) -> int:
         """Global id of ``cg``'s start state (its mask row is stored)."""
@@ -83,7 +91,8 @@ class StateCache:
                 continue
             ng = self._global(cg, nxt)
             new.append(ng)
-            pairs.append((gid, int(tok), ng))
+            if self._default.get(gid) != ng:  # the default needs no key
+                pairs.append((gid, int(tok), ng))
             out.append(ng)
         self._store(new)
         if pairs:
@@ -92,22 +101,38 @@ class StateCache:
         return out
 
     def _expand(self, gid: int, cg: CompiledGrammar, local: int) -> list[int]:
-        """Load every transition out of ``gid`` when they lead to few states; returns new ids."""
-        allowed = int(np.unpackbits(cg.state_mask(local).view(np.uint8)).sum())
-        if allowed > EXPAND_MAX_TOKENS:
-            return []
+        """Load the transitions out of ``gid`` in one go (see the module docstring); returns the
+        ids whose mask rows should be stored now."""
         toks, nxts = cg.state_transitions(local)
         if len(toks) == 0:
             return []
-        distinct = np.unique(nxts)
-        if len(distinct) > EXPAND_MAX_NEXT:
-            return []
+        nxts = np.asarray(nxts)
+        distinct, counts = np.unique(nxts, return_counts=True)
+        if len(toks) <= EXPAND_MAX_TOKENS:
+            if len(distinct) > EXPAND_MAX_NEXT:
+                return []
+            keep = np.ones(len(toks), dtype=bool)
+            dflt = None
+        else:  # wide: default = the most common next state, hash the rest
+            dflt = int(distinct[int(np.argmax(counts))])
+            keep = nxts != dflt
+            if int(keep.sum()) > MAX_EXCEPTIONS:
+                return []
         self.expansions += 1
         glob = {int(n): self._global(cg, int(n)) for n in distinct}
-        targets = np.fromiter((glob[int(n)] for n in nxts), dtype=np.int64, count=len(nxts))
-        self.table.add_transitions(torch.full((len(toks),), gid, dtype=torch.int64),
-                                   torch.from_numpy(np.asarray(toks, dtype=np.int64)), torch.from_numpy(targets))
-        return list(glob.values())
+        if keep.any():
+            sub = nxts[keep]
+            targets = np.fromiter((glob[int(n)] for n in sub), dtype=np.int64, count=len(sub))
+            self.table.add_transitions(torch.full((len(sub),), gid, dtype=torch.int64),
+                                       torch.from_numpy(np.asarray(toks, dtype=np.int64)[keep]),
+                                       torch.from_numpy(targets))
+        if dflt is None:
+            return list(glob.values())
+        # after every exception is hashed: from now on no token of gid misses (bar new rows)
+        self.defaults += 1
+        self._default[gid] = glob[dflt]
+        self.table.set_default(gid, glob[dflt])
+        return [glob[dflt]]  # other targets' rows are stored on their first (rare) visit
 
     def _global(self, cg: CompiledGrammar, local: int) -> int:
         entry = self._grammars.get(id(cg))

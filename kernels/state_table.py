@@ -9,6 +9,11 @@ growth never recompiles, but it does reallocate: `generation` increments and a c
 graph must then be captured again; `reserve()` up front avoids that in steady state):
 - `masks`   int32 (state_capacity, words): row s is the bitmask of state s (0 = nothing allowed
   until `add_states` fills it); `present` int8 (state_capacity,) says which rows are filled.
+- `defaults` int32 (state_capacity,): a state's default next state, -1 = none. Why: a state that
+  allows most of the vocabulary (a string body) sends ~99% of its tokens to one state; hashing
+  its ~120k pairs costs ~100 ms of host time and megabytes, while the default plus the few
+  exceptions in the hash (`set_default`) cost one load. A lookup that finds no key falls back to
+  the default, so a state may get one only once *all* its other transitions are in the hash.
 - `keys`    int64 (slots,): (state << 32) | token, -1 = empty; `values` int32 (slots,): next state.
   Linear probing; every key is stored within MAX_PROBE slots of its home, so a lookup is a
   fixed MAX_PROBE loads with no data-dependent loop (graph- and warp-friendly). An insert that
@@ -51,8 +56,10 @@ def advance_ref(
     present: torch.Tensor,
     states: torch.Tensor,
     tokens: torch.Tensor,
+    defaults: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pure-torch twin of the advance kernel (same probing, same outputs)."""
+    """Pure-torch twin of the advance kernel (same probing, same outputs). Without `defaults`
+    a pair missing from the hash is a miss."""
     cap = keys.numel()
     states = states.to(torch.int32)
     active = states >= 0
@@ -65,6 +72,11 @@ def advance_ref(
         hit = (keys[slot] == key) & ~found
         nxt = torch.where(hit, values[slot], nxt)
         found |= hit
+    if defaults is not None:
+        d = defaults[states.clamp(min=0, max=defaults.numel() - 1).long()]
+        use = ~found & (d >= 0) & (states < defaults.numel())
+        nxt = torch.where(use, d, nxt)
+        found |= use
     in_table = found & (nxt < present.numel())
     ok = in_table & (present[nxt.clamp(min=0, max=present.numel() - 1).long()] != 0)
     miss = active & ~ok
@@ -84,6 +96,7 @@ if HAS_TRITON:
         keys_ptr,
         values_ptr,
         present_ptr,
+        defaults_ptr,
         states_ptr,
         tokens_ptr,
         out_ptr,
@@ -111,6 +124,10 @@ if HAS_TRITON:
             nxt = tl.where(hit, v, nxt)
             found = found | hit
             slot = (slot + 1) & (cap - 1)
+        dflt = tl.load(defaults_ptr + s0, mask=inb & active & (~found) & (s0 < n_states), other=-1)
+        use = (~found) & (dflt >= 0)
+        nxt = tl.where(use, dflt, nxt)
+        found = found | use
         pres = tl.load(present_ptr + tl.maximum(nxt, 0), mask=found & (nxt < n_states), other=0)
         ok = found & (pres != 0)
         miss = active & (~ok)
@@ -134,6 +151,7 @@ class StateTable:
         self.generation = 0
         self.masks = torch.zeros(_pow2(state_capacity), self.words, dtype=torch.int32, device=self.device)
         self.present = torch.zeros(self.masks.shape[0], dtype=torch.int8, device=self.device)
+        self.defaults = torch.full((self.masks.shape[0],), -1, dtype=torch.int32, device=self.device)
         self._alloc_slots(_pow2(max(transition_capacity, 16)))
 
     # ---- capacity -------------------------------------------------------------------------
@@ -165,7 +183,9 @@ class StateTable:
         present = torch.zeros(cap, dtype=torch.int8, device=self.device)
         masks[: self.state_capacity] = self.masks
         present[: self.state_capacity] = self.present
-        self.masks, self.present = masks, present
+        defaults = torch.full((cap,), -1, dtype=torch.int32, device=self.device)
+        defaults[: self.state_capacity] = self.defaults
+        self.masks, self.present, self.defaults = masks, present, defaults
         self.generation += 1
 
     def _rehash(self, cap: int) -> None:
@@ -199,6 +219,15 @@ class StateTable:
         ids = ids.to(self.device)
         self.masks[ids] = rows.to(self.device)
         self.present[ids] = 1
+
+    def set_default(self, state: int, next_state: int) -> None:
+        """Every token of `state` that has no key in the hash leads to `next_state`. Call only
+        after all of `state`'s other transitions were added (a lookup never misses it again)."""
+        if state < 0 or next_state < 0:
+            raise ValueError("states must be >= 0")
+        if max(state, next_state) >= self.state_capacity:
+            self._grow_states(max(state, next_state) + 1)
+        self.defaults[state] = int(next_state)
 
     def add_transitions(self, states: torch.Tensor, tokens: torch.Tensor, next_states: torch.Tensor) -> None:
         """Record (state, token) -> next_state for each element (later duplicates win)."""
@@ -272,14 +301,14 @@ class StateTable:
         states = states.to(device=self.device, dtype=torch.int32).contiguous()
         tokens = tokens.to(device=self.device, dtype=torch.int32).contiguous()
         if not use_triton(states):
-            return advance_ref(self.keys, self.values, self.present, states, tokens)
+            return advance_ref(self.keys, self.values, self.present, states, tokens, self.defaults)
         n = states.numel()
         out = torch.empty_like(states)
         miss = torch.empty(n, dtype=torch.int8, device=self.device)
         if n:
             block = 128 if n <= 4096 else 512
             _advance_kernel[(triton.cdiv(n, block),)](
-                self.keys, self.values, self.present, states, tokens, out, miss,
+                self.keys, self.values, self.present, self.defaults, states, tokens, out, miss,
                 n, self.transition_capacity, self.state_capacity, MAX_PROBE_=MAX_PROBE, BLOCK=block, num_warps=4,
             )
         return out, miss.bool()

@@ -88,6 +88,24 @@ def test_graph_path_equals_eager_path(mode: str, temperature: float) -> None:
         assert sched.cache.misses > 0  # the host filled the table lazily
 
 
+def test_wide_states_get_a_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """States wider than EXPAND_MAX_TOKENS get a default next state plus hashed exceptions; the
+    tokens equal the eager path's and the table then serves their steps without misses."""
+    import engine.state_cache as sc
+
+    monkeypatch.setattr(sc, "EXPAND_MAX_TOKENS", 8)  # the test vocabulary is small
+    eng = engine()
+    reqs = _requests(eng)[:2]
+    want = _eager(eng, reqs)
+    got, sched = _graph(eng, reqs, "table", max_batch=2)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert sched.cache.defaults > 0
+    misses = sched.cache.misses
+    again, _ = run_requests(sched, reqs), None
+    assert [g.token_ids for g in again] == [w.token_ids for w in want]
+    assert sched.cache.misses == misses  # second pass: every step served by the GPU table
+
+
 def test_unconstrained_mode_none() -> None:
     eng = engine()
     reqs = [r for r in _requests(eng) if r.grammar is None]

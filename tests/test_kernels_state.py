@@ -63,3 +63,19 @@ def test_gather_masks_and_reserve() -> None:
     assert table.state_capacity >= 1000 and table.transition_capacity >= 10000
     assert table.generation > gen
     assert table.gather_masks(torch.tensor([3])).tolist() == [[5, -7]]
+
+
+def test_default_next_state() -> None:
+    """A state's default catches every token without a key; keys still win; others still miss."""
+    table = StateTable(4, device=DEVICE, state_capacity=4, transition_capacity=16)
+    table.add_states(torch.arange(8), torch.ones(8, 4, dtype=torch.int32))
+    table.add_transitions(torch.tensor([2, 2, 3]), torch.tensor([10, 11, 10]), torch.tensor([5, 6, 7]))
+    table.set_default(2, 4)
+    table.set_default(6, 30)  # grows the states; row 30 not stored: lookups through it miss
+    qs = torch.tensor([2, 2, 2, 3, 3, 6, -1], dtype=torch.int32, device=DEVICE)
+    qt = torch.tensor([10, 11, 99, 10, 99, 1, 5], dtype=torch.int32, device=DEVICE)
+    out, miss = table.advance(qs, qt)
+    o2, m2 = advance_ref(table.keys, table.values, table.present, qs, qt, table.defaults)
+    assert torch.equal(out, o2) and torch.equal(miss, m2)
+    assert out.tolist() == [5, 6, 4, 7, -1, -1, -1]
+    assert miss.tolist() == [False, False, False, False, True, True, False]
