@@ -30,6 +30,8 @@ def _scatter(idx: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
 
 
 _tries: dict[object, TokenTrie] = {}
+# Head walks of rule-free heads, shared by every grammar compiled for the same vocabulary.
+_shared_heads: OrderedDict[tuple, object] = OrderedDict()
 _tries_lock = threading.Lock()
 
 
@@ -50,6 +52,7 @@ class TokenAutomaton:
         self.table = table
         self.vocab = vocab
         self.trie = trie_for(vocab)
+        self._vocab_key = getattr(vocab, "fingerprint", None) or id(vocab)
         table.clamp_limit = max(self.trie.depth, 1)
         self.token_bytes = vocab.token_bytes
         self.eos_token_ids = tuple(vocab.eos_token_ids)
@@ -124,8 +127,10 @@ class TokenAutomaton:
         first = 0
         for b in np.nonzero(table.row(tail))[0]:
             first |= 1 << int(b)
-        key = (head, first)
-        cached = self._heads.get(key)
+        sig = table.signature(head)
+        heads = self._heads if sig is None else _shared_heads
+        key = (head, first) if sig is None else (self._vocab_key, sig, first)
+        cached = heads.get(key)
         if cached is None:
             tokens, ends = self.transitions(table.seq(head, table.mark(first)))
             flags = np.zeros(int(ends.max(initial=0)) + 1, dtype=bool)
@@ -140,9 +145,10 @@ class TokenAutomaton:
             else:
                 sub = TokenTrie(self.token_bytes, only=dependent.tolist()) if len(dependent) else None
                 cached = (inside, sub)
-            self._heads[key] = cached
-            if len(self._heads) > self._mask_cache_size:
-                self._heads.popitem(last=False)
+            with _tries_lock:
+                heads[key] = cached
+                while len(heads) > self._mask_cache_size:
+                    heads.popitem(last=False)
         if cached is SPLIT_DOES_NOT_PAY:
             return None
         inside, sub = cached

@@ -65,6 +65,7 @@ class ExprTable:
         self._dep: list[bool] = []  # contains DEP: the walk crossed into a masked continuation
         self._counted: list[bool] = []  # contains a repetition with counted bounds
         self._clamped: dict[int, int] = {}
+        self._sigs: dict[int, int | None] = {}
         self.clamp_limit: int | None = None
         self._intern: dict[tuple, int] = {}
         self._deriv: dict[int, int] = {}
@@ -277,6 +278,31 @@ class ExprTable:
                 out = e
             self._clamped[e] = out
             return out
+
+    def signature(self, e: int) -> int | None:
+        """A process-wide id of ``e``'s structure, equal across grammars; None if it uses rules.
+
+        Lets grammars share work on identical pieces (every JSON string body, number, key set
+        of every schema compiled for one vocabulary), as DESIGN.md asks of common terminals.
+        """
+        got = self._sigs.get(e, _UNSEEN)
+        if got is not _UNSEEN:
+            return got
+        k, a = self._kind[e], self._args[e]
+        if k in (K_REF, K_MARK, K_DEP):
+            out = None
+        elif k == K_FRAME:
+            out = self.signature(a[0])  # frames are transparent
+        elif k in (K_ALT, K_AND):
+            members = [self.signature(m) for m in a[0]]
+            out = None if None in members else _global_sig((k, tuple(sorted(members))))
+        elif k in (K_SEQ, K_NOT, K_REPEAT):
+            child = [self.signature(c) for c in (a[:2] if k == K_SEQ else a[:1])]
+            out = None if None in child else _global_sig((k, *child, *a[len(child):]))
+        else:
+            out = _global_sig((k, *a))
+        self._sigs[e] = out
+        return out
 
     def is_byte_set(self, e: int) -> bool:
         return self._kind[e] == K_BYTES
@@ -648,6 +674,19 @@ def rule_min_lengths(grammar: ir.Grammar) -> dict[str, float]:
                 changed = True
         if not changed or not cycles:  # without cycles one pass is already exact
             return known
+
+
+_UNSEEN = object()
+_SIGNATURES: dict[tuple, int] = {}
+_SIGNATURES_LOCK = threading.Lock()
+
+
+def _global_sig(key: tuple) -> int:
+    with _SIGNATURES_LOCK:
+        got = _SIGNATURES.get(key)
+        if got is None:
+            got = _SIGNATURES[key] = len(_SIGNATURES)
+        return got
 
 
 _BITS_CACHE: dict[int, np.ndarray] = {}
