@@ -172,3 +172,27 @@ def test_unique_items_undecidable_is_an_error():
         assert info.value.pointer == "#/uniqueItems"
     g = json_schema_to_grammar({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, lenient=True)
     assert any("uniqueItems" in n for n in g.notes)
+
+
+# ------------------------------------------------------------------------------ negated additionalProperties
+
+OBJECTS = [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": "x"}, {"a": "s"}, {"x1": "s"}, {"x1": 2}, {"a": 1, "x1": 2},
+           {"b": None, "c": True}, {"next": "n"}, {"previous": "p"}, {"next": "n", "previous": "p"}, {"next": 1}]
+
+
+def test_not_additional_properties():
+    agree({"not": {"properties": {"a": {}}, "additionalProperties": False}}, OBJECTS + [1, "x"])
+    agree({"type": "object", "not": {"properties": {"a": {}}, "additionalProperties": {"type": "integer"}}}, OBJECTS)
+    agree({"type": "object", "not": {"patternProperties": {"^x": {"type": "string"}}}}, OBJECTS)
+    agree({"type": "object", "properties": {"a": {"type": "integer"}, "b": {}},
+           "not": {"properties": {"b": {}}, "additionalProperties": False}}, OBJECTS)
+
+
+def test_one_of_with_closed_objects():
+    schema = {"type": "object", "oneOf": [
+        {"additionalProperties": False, "properties": {"next": {"type": "string"}}},
+        {"additionalProperties": False, "properties": {"previous": {"type": "string"}}}]}
+    agree(schema, OBJECTS)
+    schema = {"oneOf": [{"properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
+                        {"properties": {"b": {}}, "additionalProperties": False}]}
+    agree(schema, OBJECTS + [{"a": 1, "c": "s"}, {"b": 1, "c": "s"}, {"a": 1, "b": "s"}])

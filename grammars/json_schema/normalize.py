@@ -17,7 +17,7 @@ from typing import Any, Callable
 from grammars.errors import SchemaError
 from grammars.json_schema.document import Document, Sub
 from grammars.json_schema.numbers import Bound, to_decimal
-from grammars.json_schema.shapes import ALL_TYPES, ArrayPart, Contains, ObjectPart, Shape, meet_types
+from grammars.json_schema.shapes import ALL_TYPES, ArrayPart, Contains, ObjectPart, Shape, Witness, meet_types
 from grammars.json_schema.literals import hashable, dedupe_values, json_equal
 
 __all__ = ["Normalizer", "CannotNegate"]
@@ -63,6 +63,7 @@ class Normalizer:
         self._active: set[tuple[int, str]] = set()
         self._depth = 0
         self._enum_sets: dict[int, tuple[set, tuple]] = {}
+        self.why_not: dict[tuple[int, str], str] = {}  # negated subschema -> the keyword with no opposite
         self.last_unsat = ("no value satisfies every subschema", "#")
 
     # ------------------------------------------------------------------ flattening
@@ -186,9 +187,9 @@ class Normalizer:
                     reasons.append(m.unsat)
                 else:
                     out.append(m)
-        if len(out) > MAX_ALTERNATIVES:
-            raise SchemaError(
-                f"combining anyOf/oneOf/allOf here yields more than {MAX_ALTERNATIVES} alternatives", sub.pointer)
+                    if len(out) > MAX_ALTERNATIVES:
+                        raise SchemaError(f"combining anyOf/oneOf/allOf here yields more than {MAX_ALTERNATIVES} "
+                                          "alternatives", sub.pointer)
         if not out and reasons:
             self.last_unsat = (reasons[0], sub.pointer)
         return out
@@ -359,7 +360,8 @@ class Normalizer:
         try:
             for shape in shapes:
                 out = self._product(out, self._negate_shape(shape, only), sub)
-        except CannotNegate:
+        except CannotNegate as exc:
+            self.why_not.setdefault(sub.key(), str(exc))
             out = [Shape(pointer=p, nots=(sub,), neg_raws=(sub,))]
             if only is None:
                 return out
@@ -376,13 +378,13 @@ class Normalizer:
             return bool(meet_types(meet_types(s.types, frozenset(types)), scope))
 
         if s.non_integer and relevant("number"):
-            raise CannotNegate()
+            raise CannotNegate("'not' of 'not integer'")
         if s.nots:
             if len(s.nots) == 1 and s == Shape(pointer=s.pointer, nots=s.nots, neg_raws=s.neg_raws):
                 return [replace(x, types=meet_types(x.types, scope)).check() for x in self.flatten(s.nots[0])]
-            raise CannotNegate()
+            raise CannotNegate("a double negation next to other keywords")
         if s.excluded:
-            raise CannotNegate()
+            raise CannotNegate("a double negation of 'enum'/'const'")
         out: list[Shape] = []
         if s.types != ALL_TYPES:
             for x in _other_types(s.types, p):
@@ -400,7 +402,7 @@ class Normalizer:
         if s.hi is not None:
             violation({"number"}, lo=Bound(s.hi.value, not s.hi.inclusive))
         if s.multiples and relevant("number"):
-            raise CannotNegate()
+            raise CannotNegate("'multipleOf'")
         if s.min_length:
             violation({"string"}, max_length=s.min_length - 1)
         if s.max_length is not None:
@@ -410,7 +412,9 @@ class Normalizer:
         if s.anti_patterns and len(s.anti_patterns) == 1:
             violation({"string"}, patterns=s.anti_patterns)
         elif (s.anti_patterns or s.formats) and relevant("string"):
-            raise CannotNegate()
+            raise CannotNegate("'format'" if s.formats else "several negated 'pattern's")
+        if s.witnesses and relevant("object"):
+            raise CannotNegate("negated 'additionalProperties'/'patternProperties'")
         if s.min_props:
             violation({"object"}, max_props=s.min_props - 1)
         if s.max_props is not None:
@@ -424,39 +428,51 @@ class Normalizer:
                     continue
                 neg = Sub({"not": value.schema}, value.base, value.pointer)
                 violation({"object"}, objects=(ObjectPart(properties=((name, neg),), required=(name,), annotates=False),))
-            if ((part.additional is not None and part.additional.schema not in (True, {})) or part.patterns
-                    or part.names is not None) and relevant("object"):
-                raise CannotNegate()
+            if part.names is not None and relevant("object"):
+                raise CannotNegate("'propertyNames'")
+            # not (every other member satisfies X) = some member violates X
+            pats = tuple(pat for pat, _ in part.patterns)
+            if part.additional is not None and part.additional.schema not in (True, {}):
+                w = Witness(tuple(n for n, _ in part.properties), pats, None, _negated(part.additional))
+                violation({"object"}, witnesses=(w,))
+            for pat, psub in part.patterns:
+                if psub.schema not in (True, {}):
+                    violation({"object"}, witnesses=(Witness((), (), pat, _negated(psub)),))
         if s.min_items:
             violation({"array"}, max_items=s.min_items - 1)
         if s.max_items is not None:
             violation({"array"}, min_items=s.max_items + 1)
         for c in s.contains:
             if (c.min != 1 or c.max is not None) and relevant("array"):
-                raise CannotNegate()
+                raise CannotNegate("'minContains'/'maxContains'")
             neg = Sub({"not": c.sub.schema}, c.sub.base, c.sub.pointer)
             violation({"array"}, arrays=(ArrayPart(items=neg, annotates=False),))
         for part in s.arrays:  # not (every item is X) = some item is not X
             if part.prefix and relevant("array"):
-                raise CannotNegate()
+                raise CannotNegate("'prefixItems'")
             if part.items is not None and part.items.schema not in (True, {}):
                 neg = Sub({"not": part.items.schema}, part.items.base, part.items.pointer)
                 violation({"array"}, contains=(Contains(neg),))
         if s.unique and relevant("array"):
-            raise CannotNegate()
+            raise CannotNegate("'uniqueItems'")
         return [x for x in out if not x.empty]
 
     # ------------------------------------------------------------------ oneOf
 
     def one_of(self, branches: list[Sub], sub: Sub) -> list[Shape]:
         flat = [self.flatten(b) for b in branches]
+        # Overlaps only matter among values the rest of ``sub`` admits (e.g. its 'required' may make
+        # a discriminating property mandatory), so they are judged next to its own keywords.
+        local = self.local_shape(sub)
+        local = replace(local, raws=(), enums=()) if local.raws else local
+        in_context = [[m for a in shapes if not (m := a.merge(local)).empty] for shapes in flat]
         out: list[Shape] = []
         for i, shapes in enumerate(flat):
             mine = shapes
             for j, others in enumerate(flat):
                 if i == j or not mine:
                     continue
-                overlap = frozenset().union(*[self.overlap(a, b) for a in mine for b in others])
+                overlap = frozenset().union(*[self.overlap(a, b) for a in in_context[i] for b in in_context[j]])
                 if not overlap:
                     continue
                 neg = self.negate(branches[j], overlap)
@@ -464,9 +480,11 @@ class Normalizer:
                     if self.oneof_as_anyof or self.lenient:
                         self.note(f"relaxed oneOf to anyOf at {sub.pointer}/oneOf")
                         return [x for f in flat for x in f]
+                    why = self.why_not.get(branches[j].key())
                     raise SchemaError(
                         f"cannot enforce 'oneOf': branches {i} and {j} may both match and branch {j} "
-                        "cannot be negated; pass oneof_as_anyof=True to accept any matching branch",
+                        f"cannot be negated{f' (its {why} has no expressible opposite)' if why else ''}; "
+                        "pass oneof_as_anyof=True to accept any matching branch",
                         sub.pointer + "/oneOf", "oneOf")
                 mine = self._product(mine, neg, sub)
             out += mine
@@ -574,6 +592,13 @@ class Normalizer:
             if ok is None:
                 result = None
         return result
+
+
+def _negated(sub: Sub) -> Sub:
+    """The schema ``not sub`` (``true`` for ``false``)."""
+    if sub.schema is False:
+        return Sub(True, sub.base, sub.pointer)
+    return Sub({"not": sub.schema}, sub.base, sub.pointer)
 
 
 def _type_ok(v: Any, types: frozenset[str]) -> bool:

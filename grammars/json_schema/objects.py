@@ -16,7 +16,7 @@ from grammars.errors import SchemaError
 from grammars.ir import EMPTY, NOTHING, Node, alt, complement, intersect, literal, optional, ref, repeat, seq
 from grammars.json_schema.document import Sub
 from grammars.json_schema.json_strings import ANY_CANONICAL_CHAR, string_literal
-from grammars.json_schema.shapes import Shape
+from grammars.json_schema.shapes import Shape, Witness
 
 if TYPE_CHECKING:
     from grammars.json_schema.translate import Translator
@@ -25,6 +25,7 @@ __all__ = ["object_ir"]
 
 MAX_PATTERN_CLASSES = 64
 MAX_COUNT_STATES = 20_000
+MAX_WITNESSES = 3
 INLINE_MEMBERS = 24
 
 
@@ -39,7 +40,7 @@ def object_ir(t: "Translator", sh: Shape) -> Node:
         required.update(part.required)
         for k in part.required:
             order.setdefault(k)
-    members: list[tuple[Node, bool]] = []
+    members: list[tuple[str, list[Sub], bool]] = []
     for k in order:
         subs = t.norm.property_subs(sh, k)
         if subs is not None and not all(t.norm.valid(k, part.names) is True for part in sh.objects if part.names):
@@ -55,14 +56,26 @@ def object_ir(t: "Translator", sh: Shape) -> Node:
             if k in required:
                 return NOTHING
             continue
-        members.append((seq(string_literal(k), t.colon, value), k in required))
+        members.append((k, subs, k in required))
     extra = _additional_member(t, sh, list(order))
-    body = _members(t, members, extra, sh.min_props, sh.max_props, sh.pointer)
+    witnesses = sh.witnesses
+    if len(witnesses) > MAX_WITNESSES:
+        raise SchemaError(f"more than {MAX_WITNESSES} negated additionalProperties/patternProperties apply here",
+                          sh.pointer, "not")
+    if witnesses and (sh.min_props or sh.max_props is not None):
+        raise SchemaError("a negated additionalProperties/patternProperties next to minProperties/maxProperties "
+                          "is not supported", sh.pointer, "not")
+    # an additional member may serve as several witnesses at once: one variant per set of them
+    witness_extras = {mask: _additional_member(t, sh, list(order), [w for i, w in enumerate(witnesses) if mask >> i & 1])
+                      for mask in range(1, 1 << len(witnesses))}
+    body = _members(t, sh, members, extra, witness_extras, sh.min_props, sh.max_props, sh.pointer)
     return seq(literal("{"), t.ws, body, t.ws, literal("}"))
 
 
-def _additional_member(t: "Translator", sh: Shape, declared: list[str]) -> Node:
-    """One ``key: value`` member whose key is not declared, or NOTHING when none may appear."""
+def _additional_member(t: "Translator", sh: Shape, declared: list[str], witnesses: list[Witness] = ()) -> Node:
+    """One ``key: value`` member whose key is not declared, or NOTHING when none may appear.
+
+    With ``witnesses``: only members that serve as every one of them (key conditions and values)."""
     patterns = [(pat, sub, i) for i, part in enumerate(sh.objects) for pat, sub in part.patterns]
     if not patterns and any(p.additional is not None and p.additional.schema is False for p in sh.objects):
         return NOTHING
@@ -95,6 +108,9 @@ def _additional_member(t: "Translator", sh: Shape, declared: list[str]) -> Node:
             if not_declared is not None:
                 key_parts.append(not_declared)
             key_parts += names
+            for witness in witnesses:
+                key_parts += _witness_key(t, witness, sh.pointer)
+                subs = subs + [witness.value]
             value = t.value_rule(subs, sh.pointer + "/additionalProperties")
             if value == NOTHING or not ok:
                 continue
@@ -103,21 +119,38 @@ def _additional_member(t: "Translator", sh: Shape, declared: list[str]) -> Node:
     return alt(*out)
 
 
-def _members(t: "Translator", members: list[tuple[Node, bool]], extra: Node,
-             lo: int, hi: int | None, pointer: str) -> Node:
-    """Members in order with commas, optional ones skippable, total count in [lo, hi]."""
+def _witness_key(t: "Translator", w: Witness, pointer: str) -> list[Node]:
+    """Key-body conditions of a witness member (canonical spelling)."""
+    where = f"{pointer}/patternProperties"
+    parts: list[Node] = []
+    if w.names:
+        parts.append(complement(alt(*[t.key_body_literal(k) for k in w.names])))
+    parts += [complement(t.pattern_ir(p, where, canonical=True)) for p in w.patterns]
+    if w.include is not None:
+        parts.append(t.pattern_ir(w.include, where, canonical=True))
+    return parts
+
+
+def _members(t: "Translator", sh: Shape, members: list[tuple[str, list[Sub], bool]], extra: Node,
+             witness_extras: dict[int, Node], lo: int, hi: int | None, pointer: str) -> Node:
+    """Members in order with commas, optional ones skippable, total count in [lo, hi], and every
+    witness of ``sh`` present (state: members written so far, capped; witnesses seen)."""
     n = len(members)
     counting = lo > 0 or hi is not None
     cap = max(1, hi + 1 if hi is not None else lo) if counting else 1
+    witnesses = sh.witnesses
+    full = (1 << len(witnesses)) - 1
     if counting and n * cap > MAX_COUNT_STATES:
         raise SchemaError("minProperties/maxProperties with this many optional properties is too large to enforce",
                           pointer, "maxProperties")
-    use_rules = counting or n > INLINE_MEMBERS
+    use_rules = counting or n > INLINE_MEMBERS or bool(witnesses)
     prefix = t.fresh_name(pointer + "#members")
-    memo: dict[tuple[int, int], Node] = {}
+    memo: dict[tuple[int, int, int], Node] = {}
 
-    def tail(c: int) -> Node:
-        """Additional members when ``c`` members came before."""
+    def tail(c: int, w: int) -> Node:
+        """Additional members when ``c`` members came before and witnesses ``w`` were seen."""
+        if w != full:
+            return _witness_tail(t, prefix, extra, witness_extras, c > 0, w, full)
         need = max(lo - c, 0) if counting else 0
         room = None if hi is None else hi - c
         if room is not None and room < need:
@@ -132,28 +165,62 @@ def _members(t: "Translator", members: list[tuple[Node, bool]], extra: Node,
         first = seq(extra, repeat(more, max(need - 1, 0), None if room is None else room - 1))
         return first if need > 0 else optional(first)
 
+    def variants(j: int) -> list[tuple[Node, int]]:
+        """Member ``j`` written plainly, or as a witness of some of ``witnesses`` (value conjoined)."""
+        key, subs, _ = members[j]
+        out = [(seq(string_literal(key), t.colon, t.value_rule(subs, pointer + "/properties/" + key)), 0)]
+        covers = [i for i, wt in enumerate(witnesses) if wt.covers(key)]
+        for mask in range(1, 1 << len(covers)):
+            chosen = [covers[b] for b in range(len(covers)) if mask >> b & 1]
+            extra_subs = [witnesses[i].value for i in chosen]
+            value = t.value_rule(subs + extra_subs, pointer + "/properties/" + key)
+            if value != NOTHING:
+                out.append((seq(string_literal(key), t.colon, value), sum(1 << i for i in chosen)))
+        return out
+
     # Bottom-up over j so recursion depth stays constant.
+    masks = range(full, -1, -1)
     for j in range(n, -1, -1):
+        forms = variants(j) if j < n else []
         for c in range(min(j, cap), -1, -1):
-            if j == n:
-                memo[(j, c)] = tail(c)
-                continue
-            node, req = members[j]
-            take: Node = NOTHING
-            if hi is None or c + 1 <= hi:
-                sep = t.comma if c > 0 else EMPTY
-                take = seq(sep, node, _link(t, prefix, j + 1, min(c + 1, cap), memo, use_rules))
-            skip = NOTHING if req else _link(t, prefix, j + 1, c, memo, use_rules)
-            memo[(j, c)] = alt(take, skip)
-    return memo[(0, 0)]
+            for w in masks:
+                if j == n:
+                    memo[(j, c, w)] = tail(c, w)
+                    continue
+                take: list[Node] = []
+                if hi is None or c + 1 <= hi:
+                    sep = t.comma if c > 0 else EMPTY
+                    take = [seq(sep, node, _link(t, prefix, j + 1, min(c + 1, cap), w | bits, memo, use_rules))
+                            for node, bits in forms]
+                skip = NOTHING if members[j][2] else _link(t, prefix, j + 1, c, w, memo, use_rules)
+                memo[(j, c, w)] = alt(*take, skip)
+    return memo[(0, 0, 0)]
 
 
-def _link(t: "Translator", prefix: str, j: int, c: int, memo: dict, use_rules: bool) -> Node:
-    """A reference to state (j, c): inline for small objects, a rule otherwise."""
-    node = memo[(j, c)]
+def _witness_tail(t: "Translator", prefix: str, extra: Node, witness_extras: dict[int, Node], after: bool, w: int,
+                  full: int) -> Node:
+    """Additional members (no count bounds) that include a witness for every bit missing from ``w``."""
+    name = f"{prefix}@extra,{int(after)},{w}"
+    if name in t.rules:
+        return ref(name)
+    t.rules[name] = NOTHING  # placeholder while building (cycles go through refs)
+    sep = t.comma if after else EMPTY
+    options: list[Node] = [EMPTY] if w == full else []
+    if extra != NOTHING:
+        options.append(seq(sep, extra, _witness_tail(t, prefix, extra, witness_extras, True, w, full)))
+    for mask, wx in witness_extras.items():
+        if not w & mask and wx != NOTHING:
+            options.append(seq(sep, wx, _witness_tail(t, prefix, extra, witness_extras, True, w | mask, full)))
+    t.rules[name] = alt(*options)
+    return ref(name)
+
+
+def _link(t: "Translator", prefix: str, j: int, c: int, w: int, memo: dict, use_rules: bool) -> Node:
+    """A reference to state (j, c, w): inline for small objects, a rule otherwise."""
+    node = memo[(j, c, w)]
     if not use_rules or node in (NOTHING, EMPTY):
         return node
-    name = f"{prefix}@{j},{c}"
+    name = f"{prefix}@{j},{c},{w}"
     if name not in t.rules:
         t.rules[name] = node
     return ref(name)

@@ -19,7 +19,7 @@ from typing import Any
 from grammars.json_schema.document import Sub
 from grammars.json_schema.numbers import Bound
 
-__all__ = ["ALL_TYPES", "ObjectPart", "ArrayPart", "Contains", "Shape", "meet_types", "tighter_lo", "tighter_hi"]
+__all__ = ["ALL_TYPES", "ObjectPart", "ArrayPart", "Contains", "Witness", "Shape", "meet_types", "tighter_lo", "tighter_hi"]
 
 ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "number"})
 
@@ -83,6 +83,29 @@ class ArrayPart:
 
 
 @dataclass(frozen=True)
+class Witness:
+    """An object must have at least one member whose key is not in ``names``, matches none of
+    ``patterns``, matches ``include`` (when given), and whose value satisfies ``value``.
+
+    This is what negating ``additionalProperties``/``patternProperties`` asks for: some
+    undeclared key with a value the keyword forbids, or some key matching a pattern with a value
+    its schema rejects.
+    """
+
+    names: tuple[str, ...]
+    patterns: tuple[str, ...]
+    include: str | None
+    value: Sub
+
+    def covers(self, key: str) -> bool:
+        """Whether a member with this (declared) key may serve as the witness."""
+        from grammars.json_schema.keys import pattern_search
+
+        return (key not in self.names and not any(pattern_search(p, key) for p in self.patterns)
+                and (self.include is None or pattern_search(self.include, key)))
+
+
+@dataclass(frozen=True)
 class Contains:
     sub: Sub
     min: int = 1
@@ -112,6 +135,7 @@ class Shape:
     objects: tuple[ObjectPart, ...] = ()
     min_props: int = 0
     max_props: int | None = None
+    witnesses: tuple[Witness, ...] = ()  # members that must exist (from negated additionalProperties...)
     # arrays
     arrays: tuple[ArrayPart, ...] = ()
     min_items: int = 0
@@ -144,6 +168,7 @@ class Shape:
             objects=tuple(p for p in dict.fromkeys(self.objects + other.objects) if not p.trivial()),
             min_props=max(self.min_props, other.min_props),
             max_props=_min(self.max_props, other.max_props),
+            witnesses=tuple(dict.fromkeys(self.witnesses + other.witnesses)),
             arrays=tuple(dict.fromkeys(self.arrays + other.arrays)),
             min_items=max(self.min_items, other.min_items),
             max_items=_min(self.max_items, other.max_items),

@@ -66,6 +66,7 @@ class Translator:
         self._unsat: dict[str, str] = {}
         self._names: dict[tuple, str] = {}
         self._taken: set[str] = {"start", "any"}
+        self._suffix: dict[str, int] = {}
         self._queue: deque[tuple[str, list[Sub], str]] = deque()
         self._validators: dict[str, Any] = {}
         self._stripped: dict[int, dict] = {}
@@ -91,10 +92,11 @@ class Translator:
 
     def fresh_name(self, base: str) -> str:
         """An unused rule name starting with ``base``."""
-        name, i = base, 1
+        name, i = base, self._suffix.get(base, 1)
         while name in self._taken:
             i += 1
             name = f"{base}~{i}"
+        self._suffix[base] = i
         self._taken.add(name)
         return name
 
@@ -207,8 +209,10 @@ class Translator:
         if sh.nots:
             where = ", ".join(n.pointer for n in sh.nots)
             if not self.options.lenient:
+                whys = sorted({w for n in sh.nots if (w := self.norm.why_not.get(n.key()))})
+                what = f" (its {', '.join(whys)})" if whys else ""
                 raise SchemaError("cannot enforce a negation (from 'not', 'if' or the exclusivity of 'oneOf'): "
-                                  "the negated schema has no expressible opposite; pass lenient=True to drop it "
+                                  f"the negated schema{what} has no expressible opposite; pass lenient=True to drop it "
                                   "(or oneof_as_anyof=True for oneOf)", where, "not")
             self.note(f"relaxed not at {where}")
         parts: list[Node] = []
