@@ -196,3 +196,20 @@ def test_one_of_with_closed_objects():
     schema = {"oneOf": [{"properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
                         {"properties": {"b": {}}, "additionalProperties": False}]}
     agree(schema, OBJECTS + [{"a": 1, "c": "s"}, {"b": 1, "c": "s"}, {"a": 1, "b": "s"}])
+
+
+def test_one_of_narrowed_when_exact_negation_is_too_large():
+    keys = [f"k{i}" for i in range(10)]
+    schema = {"type": "object", "oneOf": [
+        {"required": [k], "properties": {k: {"type": "integer", "minimum": 0}}} for k in keys]}
+    g = json_schema_to_grammar(schema)
+    assert any("narrower" in n for n in g.notes), g.notes
+    v = validator(schema)
+    cases = [{}, {"k0": 1}, {"k3": 0}, {"k0": 1, "k1": 2}, {"k0": 1, "k1": -1}, {"k0": -1}, {"k0": "x"},
+             {"k0": 1, "x": 2}, {"k0": 1, "k9": "s"}]
+    for value in cases:
+        text = dump(value)
+        if matches(g, text):  # sound: whatever is accepted is valid
+            assert v.is_valid(value), value
+    for value in [{"k0": 1}, {"k3": 0}, {"k0": 1, "x": 2}]:  # the plain cases are still accepted
+        assert matches(g, dump(value)), value

@@ -63,6 +63,7 @@ class Normalizer:
         self._active: set[tuple[int, str]] = set()
         self._depth = 0
         self._enum_sets: dict[int, tuple[set, tuple]] = {}
+        self._narrowed = False
         self.why_not: dict[tuple[int, str], str] = {}  # negated subschema -> the keyword with no opposite
         self.last_unsat = ("no value satisfies every subschema", "#")
 
@@ -183,6 +184,8 @@ class Normalizer:
         for a in left:
             for b in right:
                 m = a.merge(b)
+                if not m.empty and "object" in m.types and len(m.objects) > 1:
+                    m = self._prune_object(m)
                 if m.empty:
                     reasons.append(m.unsat)
                 else:
@@ -193,6 +196,29 @@ class Normalizer:
         if not out and reasons:
             self.last_unsat = (reasons[0], sub.pointer)
         return out
+
+    def _prune_object(self, m: Shape) -> Shape:
+        """``m`` without the object type when a required property must be one of some constants
+        and none of them (``{const: a}`` from one conjunct, ``not {const: a}`` or ``{const: b}`` from
+        others): the typical discriminator of ``if``/``oneOf`` chains. A cheap, syntactic test."""
+        for name in dict.fromkeys(n for part in m.objects for n in part.required):
+            subs = self.property_subs(m, name)
+            if subs is None or len(subs) < 2:
+                continue
+            allowed: set | None = None
+            banned: set = set()
+            for sub in subs:
+                got = _constants(sub.schema)
+                if got is not None:
+                    allowed = got if allowed is None else allowed & got
+                elif isinstance(sub.schema, dict) and set(sub.schema) == {"not"}:
+                    got = _constants(sub.schema["not"], exact=True)
+                    if got is not None:
+                        banned |= got
+            if allowed is not None and not allowed - banned:
+                return replace(m, types=m.types - {"object"},
+                               unsat=m.unsat or f"property {name!r} has no value every conjunct allows")
+        return m
 
     # ------------------------------------------------------------------ local keywords
 
@@ -348,7 +374,7 @@ class Normalizer:
 
     # ------------------------------------------------------------------ negation
 
-    def negate(self, sub: Sub, only: frozenset[str] | None = None) -> list[Shape]:
+    def negate(self, sub: Sub, only: frozenset[str] | None = None, narrow: bool = False) -> list[Shape]:
         """Shapes equivalent to ``not sub``; keeps ``sub`` as an opaque negation when impossible.
 
         ``only``: the negation is needed for these types alone (the caller knows values of other
@@ -359,7 +385,7 @@ class Normalizer:
         out = [Shape(pointer=p, neg_raws=(sub,))]
         try:
             for shape in shapes:
-                out = self._product(out, self._negate_shape(shape, only), sub)
+                out = self._product(out, self._negate_shape(shape, only, narrow), sub)
         except CannotNegate as exc:
             self.why_not.setdefault(sub.key(), str(exc))
             out = [Shape(pointer=p, nots=(sub,), neg_raws=(sub,))]
@@ -370,7 +396,7 @@ class Normalizer:
             out += _other_types(only, p)
         return [x for x in out if not x.empty]
 
-    def _negate_shape(self, s: Shape, only: frozenset[str] | None = None) -> list[Shape]:
+    def _negate_shape(self, s: Shape, only: frozenset[str] | None = None, narrow: bool = False) -> list[Shape]:
         p = s.pointer
         scope = only if only is not None else ALL_TYPES
 
@@ -413,6 +439,7 @@ class Normalizer:
             violation({"string"}, patterns=s.anti_patterns)
         elif (s.anti_patterns or s.formats) and relevant("string"):
             raise CannotNegate("'format'" if s.formats else "several negated 'pattern's")
+        required_here = {n for part in s.objects for n in part.required}
         if s.witnesses and relevant("object"):
             raise CannotNegate("negated 'additionalProperties'/'patternProperties'")
         if s.min_props:
@@ -425,6 +452,9 @@ class Normalizer:
                 violation({"object"}, objects=(ObjectPart(properties=((name, false),), annotates=False),))
             for name, value in part.properties:
                 if value.schema is True or value.schema == {}:
+                    continue
+                if narrow and name in required_here:
+                    self._narrowed = True  # "name absent" is kept; "present with a bad value" is dropped
                     continue
                 neg = Sub({"not": value.schema}, value.base, value.pointer)
                 violation({"object"}, objects=(ObjectPart(properties=((name, neg),), required=(name,), annotates=False),))
@@ -460,6 +490,26 @@ class Normalizer:
     # ------------------------------------------------------------------ oneOf
 
     def one_of(self, branches: list[Sub], sub: Sub) -> list[Shape]:
+        """Each branch conjoined with the negation of the branches it may overlap.
+
+        When that yields too many alternatives, the negations are narrowed: a branch that
+        requires a property is excluded by that property's absence only (not also by its presence
+        with a value the branch rejects). A subset of the exact language, so still sound; noted.
+        """
+        try:
+            return self._one_of(branches, sub, narrow=False)
+        except SchemaError as exc:
+            if "alternatives" not in str(exc):
+                raise
+        self._narrowed = False
+        out = self._one_of(branches, sub, narrow=True)
+        if self._narrowed:
+            self.note(f"oneOf at {sub.pointer}/oneOf: a value matching one branch never has the required "
+                      "properties of another (narrower than the schema, which would also allow them with "
+                      "values the other branch rejects)")
+        return out
+
+    def _one_of(self, branches: list[Sub], sub: Sub, narrow: bool) -> list[Shape]:
         flat = [self.flatten(b) for b in branches]
         # Overlaps only matter among values the rest of ``sub`` admits (e.g. its 'required' may make
         # a discriminating property mandatory), so they are judged next to its own keywords.
@@ -475,7 +525,7 @@ class Normalizer:
                 overlap = frozenset().union(*[self.overlap(a, b) for a in in_context[i] for b in in_context[j]])
                 if not overlap:
                     continue
-                neg = self.negate(branches[j], overlap)
+                neg = self.negate(branches[j], overlap, narrow)
                 if any(x.nots for x in neg) and not any(x.enums for x in mine):
                     if self.oneof_as_anyof or self.lenient:
                         self.note(f"relaxed oneOf to anyOf at {sub.pointer}/oneOf")
@@ -592,6 +642,26 @@ class Normalizer:
             if ok is None:
                 result = None
         return result
+
+
+_CONSTANT_SIBLINGS = frozenset({"type", "title", "description", "$comment", "default", "examples"})
+
+
+def _constants(schema: Any, exact: bool = False) -> set | None:
+    """The (hashable keys of the) values a schema's ``enum``/``const`` allow, if it has them and only
+    annotations (``exact``) or also other keywords (which only narrow it further) beside them."""
+    if not isinstance(schema, dict) or not ("enum" in schema or "const" in schema):
+        return None
+    others = set(schema) - {"enum", "const"}
+    if exact and others - (_CONSTANT_SIBLINGS - {"type"}):
+        return None
+    out: set | None = None
+    if isinstance(schema.get("enum"), list):
+        out = {hashable(v) for v in schema["enum"]}
+    if "const" in schema:
+        c = {hashable(schema["const"])}
+        out = c if out is None else out & c
+    return out
 
 
 def _negated(sub: Sub) -> Sub:
