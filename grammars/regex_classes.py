@@ -10,6 +10,7 @@ is the lowercase of a pattern character, plus ``re``'s extra equivalences such a
 from __future__ import annotations
 
 import bisect
+import functools
 import unicodedata
 from functools import lru_cache
 from typing import Callable
@@ -110,8 +111,14 @@ def fold_python(ranges: Ranges) -> Ranges:
     ``re`` lowercases both sides: ``ch`` matches when ``tolower(ch)`` is in
     ``L = tolower(set) | extra(tolower(set))``. Only cased characters change under ``tolower``,
     so the work is proportional to the ~3000 cased code points, not to the size of the set.
+    Memoised: case-insensitive literals fold the same few letters over and over.
     """
-    ranges = normalize(ranges)
+    return list(_fold_python(tuple(normalize(ranges))))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fold_python(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    ranges = list(ranges)
     cps, lows, moved = _cased()
     lowered: set[int] = set()
     for cp, low in zip(cps, lows):
@@ -122,7 +129,7 @@ def fold_python(ranges: Ranges) -> Ranges:
     members = normalize(subtract(ranges, moved) + [(c, c) for c in lowered])
     # Result: members of L that are their own lowercase, plus characters lowering into L.
     extra = [(cp, cp) for cp, low in zip(cps, lows) if low != cp and _contains(members, low)]
-    return normalize(subtract(members, moved) + extra)
+    return tuple(normalize(subtract(members, moved) + extra))
 
 
 def fold_ascii(ranges: Ranges) -> Ranges:
