@@ -213,3 +213,12 @@ def test_one_of_narrowed_when_exact_negation_is_too_large():
             assert v.is_valid(value), value
     for value in [{"k0": 1}, {"k3": 0}, {"k0": 1, "x": 2}]:  # the plain cases are still accepted
         assert matches(g, dump(value)), value
+
+
+def test_not_prefix_items():
+    arrays = [[], [1], ["a"], [1, "a"], [1, 2], ["a", "b"], [1, "a", None], [None]]
+    agree({"not": {"prefixItems": [{"type": "integer"}, {"type": "string"}]}}, arrays + [{}, 1])
+    agree({"type": "array", "oneOf": [{"prefixItems": [{"type": "integer"}]}, {"prefixItems": [True, {"type": "string"}]}]},
+          arrays)
+    with pytest.raises(SchemaError, match="items"):
+        json_schema_to_grammar({"not": {"prefixItems": [{"type": "integer"}], "items": {"type": "string"}}})

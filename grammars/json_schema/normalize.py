@@ -477,10 +477,17 @@ class Normalizer:
                 raise CannotNegate("'minContains'/'maxContains'")
             neg = Sub({"not": c.sub.schema}, c.sub.base, c.sub.pointer)
             violation({"array"}, arrays=(ArrayPart(items=neg, annotates=False),))
-        for part in s.arrays:  # not (every item is X) = some item is not X
-            if part.prefix and relevant("array"):
-                raise CannotNegate("'prefixItems'")
-            if part.items is not None and part.items.schema not in (True, {}):
+        for part in s.arrays:
+            # not (item i is X_i) = there is an item i and it is not X_i
+            true = Sub(True, "", p)
+            for i, x in enumerate(part.prefix):
+                if x.schema not in (True, {}):
+                    violation({"array"}, arrays=(ArrayPart((true,) * i + (_negated_or_false(x),), annotates=False),),
+                              min_items=i + 1)
+            if part.prefix and part.items is not None and part.items.schema not in (True, {}) and relevant("array"):
+                raise CannotNegate("'items' after 'prefixItems'")
+            # not (every item is X) = some item is not X
+            if not part.prefix and part.items is not None and part.items.schema not in (True, {}):
                 neg = Sub({"not": part.items.schema}, part.items.base, part.items.pointer)
                 violation({"array"}, contains=(Contains(neg),))
         if s.unique and relevant("array"):
@@ -662,6 +669,13 @@ def _constants(schema: Any, exact: bool = False) -> set | None:
         c = {hashable(schema["const"])}
         out = c if out is None else out & c
     return out
+
+
+def _negated_or_false(sub: Sub) -> Sub:
+    """``not sub`` (``false`` for ``true``)."""
+    if sub.schema is True:
+        return Sub(False, sub.base, sub.pointer)
+    return _negated(sub)
 
 
 def _negated(sub: Sub) -> Sub:
