@@ -1,7 +1,8 @@
 """JSON values written out as IR: for ``enum``/``const`` and for excluding values under ``not``.
 
-``value_ir`` is the compact spelling (what we generate: object keys in the order given), plus the
-``1.0`` spelling of integral numbers since JSON Schema holds ``1 == 1.0``. ``complete_value_ir``
+``value_ir`` is the compact spelling (what we generate: object keys in the order given), plus, on
+request, the ``1.0`` spelling of an integral number (JSON Schema holds ``1 == 1.0``, but draft-04's
+``"type": "integer"`` rejects ``1.0``, so the caller decides). ``complete_value_ir``
 admits every spelling the generated grammar could produce for the value (string escapes, numbers
 without exponents, whitespace between tokens), so that its complement is a sound "not this value".
 """
@@ -57,20 +58,28 @@ def dedupe_values(values: list[Any]) -> list[Any]:
     return out
 
 
-def _number_spellings(v: int | float) -> list[str]:
+def _number_spellings(v: int | float, fraction: bool) -> list[str]:
     if isinstance(v, float) and v.is_integer() and abs(v) < 1e16:
         v = int(v)
     if isinstance(v, int):
-        return [str(v), f"{v}.0"]
+        return [str(v), f"{v}.0"] if fraction else [str(v)]
     return [json.dumps(v)]
 
 
-def value_ir(v: Any, ws: Node, comma: Node, colon: Node) -> Node:
-    """The spelling of ``v`` we generate (keys in given order), with ``ws``/separators between tokens."""
+def is_integral(v: Any) -> bool:
+    """A number with no fractional part (which has a second spelling, ``1.0``)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer()
+
+
+def value_ir(v: Any, ws: Node, comma: Node, colon: Node, fraction: bool = False) -> Node:
+    """The spelling of ``v`` we generate (keys in given order), with ``ws``/separators between tokens.
+
+    ``fraction`` also admits the ``1.0`` spelling of integral numbers (nested ones included).
+    """
     if isinstance(v, bool) or v is None:
         return literal(json.dumps(v))
     if isinstance(v, (int, float)):
-        return alt(*[literal(s) for s in _number_spellings(v)])
+        return alt(*[literal(s) for s in _number_spellings(v, fraction)])
     if isinstance(v, str):
         return string_literal(v)
     if isinstance(v, list):
@@ -78,14 +87,14 @@ def value_ir(v: Any, ws: Node, comma: Node, colon: Node) -> Node:
             return seq(literal("["), ws, literal("]"))
         items = []
         for i, x in enumerate(v):
-            items += ([comma] if i else []) + [value_ir(x, ws, comma, colon)]
+            items += ([comma] if i else []) + [value_ir(x, ws, comma, colon, fraction)]
         return seq(literal("["), ws, *items, ws, literal("]"))
     if isinstance(v, dict):
         if not v:
             return seq(literal("{"), ws, literal("}"))
         items = []
         for i, (k, x) in enumerate(v.items()):
-            items += ([comma] if i else []) + [string_literal(k), colon, value_ir(x, ws, comma, colon)]
+            items += ([comma] if i else []) + [string_literal(k), colon, value_ir(x, ws, comma, colon, fraction)]
         return seq(literal("{"), ws, *items, ws, literal("}"))
     raise TypeError(f"not a JSON value: {v!r}")
 

@@ -20,7 +20,7 @@ from grammars.ir import (
 from grammars.json_schema.document import Document, Sub
 from grammars.json_schema.formats import KNOWN_FORMATS, format_ir
 from grammars.json_schema.json_strings import ANY_CANONICAL_CHAR, ANY_JSON_CHAR, canonical_char, json_char
-from grammars.json_schema.literals import Incomplete, complete_value_ir, value_ir
+from grammars.json_schema.literals import Incomplete, complete_value_ir, is_integral, value_ir
 from grammars.json_schema.normalize import Normalizer
 from grammars.json_schema.numbers import (
     ANY_NUMBER, FRACTION, INTEGRAL_FRACTION, MINUS, NATURAL, multiple_of_rules, number_ir,
@@ -205,7 +205,7 @@ class Translator:
             if not values:
                 self.unsat("no value of 'enum'/'const' satisfies the other keywords", sh.pointer)
                 return NOTHING
-            return alt(*[self.value_literal(v) for v in values])
+            return alt(*[self.value_literal(v, sh) for v in values])
         if sh.nots:
             where = ", ".join(n.pointer for n in sh.nots)
             if not self.options.lenient:
@@ -244,8 +244,12 @@ class Translator:
             self.unsat("no value satisfies these keywords together", sh.pointer)
         return node
 
-    def value_literal(self, v: Any) -> Node:
-        return value_ir(v, self.ws, self.comma, self.colon)
+    def value_literal(self, v: Any, sh: Shape | None = None) -> Node:
+        """``v`` as generated; ``2.0`` for ``2`` too unless draft-04's integer type would reject it."""
+        fraction = not self.doc.draft4
+        if not fraction and sh is not None and is_integral(v):
+            fraction = self.norm.valid_shape(float(v), sh) is True
+        return value_ir(v, self.ws, self.comma, self.colon, fraction)
 
     def number_part(self, sh: Shape, integer: bool) -> Node:
         exponent_free = bool(sh.multiples or sh.excluded or sh.non_integer)
