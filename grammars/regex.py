@@ -4,11 +4,12 @@
 every character set goes through ``encode_class`` (raw UTF-8 by default; the JSON front end
 passes an encoder that also admits JSON escapes), repeats stay single ``Repeat`` nodes.
 
-Anchors are only meaningful at the edges: ``^``/``\\A`` leading and ``$``/``\\Z`` trailing a
-top-level alternative (or an alternative of a group that is a whole top-level alternative, as in
-``(^a$)|(^b$)``). With ``search=False`` (full match) they are no-ops; with ``search=True``
-(``re.search`` / JSON Schema ``pattern``) an unanchored side is padded with "any text".
-Anchors anywhere else raise ``RegexError``.
+Anchors at the edges: ``^``/``\\A`` leading and ``$``/``\\Z`` trailing a top-level alternative
+(or an alternative of a group that is a whole top-level alternative, as in ``(^a$)|(^b$)``).
+With ``search=False`` (full match) they are no-ops; with ``search=True`` (``re.search`` / JSON
+Schema ``pattern``) an unanchored side is padded with "any text". Anchors elsewhere in a
+top-level sequence constrain the text before them (``^``: nothing, or a line under ``(?m)``) or
+after them (``$``: the end), by intersection; anchors inside repeats raise ``RegexError``.
 
 Lookaheads ``(?=X)``/``(?!X)`` are supported where what follows them is a plain suffix of the
 match: in a top-level sequence (groups that are not repeated are opened up, alternatives of
@@ -71,31 +72,51 @@ class _Builder:
         parts = []
         for left, middle, right in self.alternatives(tree, None, None):
             if search:
-                body = seq(self.left_pad(left), self.sequence(_items(middle), self.right_pad(right)))
+                body = self.sequence(_items(middle), self.right_pad(right), head=self.left_pad(left))
             else:
-                body = self.sequence(_items(middle), EMPTY)
+                body = self.sequence(_items(middle), EMPTY, head=EMPTY)
             parts.append(body)
         return alt(*parts)
 
-    def sequence(self, items: list[Ast], tail: Node, budget: list[int] | None = None) -> Node:
-        """``items`` followed by ``tail`` (the rest of the text), lookaheads among them enforced."""
+    def sequence(self, items: list[Ast], tail: Node, budget: list[int] | None = None,
+                 head: Node | None = None) -> Node:
+        """``head`` (the text before, None: unknown), ``items``, then ``tail`` (the rest of the
+        text), with lookaheads and anchors among the items enforced."""
         budget = [_MAX_DISTRIBUTED] if budget is None else budget
         items = _open_groups(items)
+        done: list[Node] = [] if head is None else [head]
         for k, item in enumerate(items):
-            if isinstance(item, Look):
+            if isinstance(item, Anchor) and item.side == "start":
+                if head is None:
+                    raise RegexError(f"anchor {item.text} inside a lookahead or after one is not supported",
+                                     self.pattern, item.pos)
+                done = [intersect(seq(*done), self.before_start(item.mode))]
+                continue
+            if isinstance(item, (Look, Anchor)):
                 rest = self.sequence(items[k + 1:], tail, budget)
-                ahead = self.lookahead(item, budget)
-                rest = intersect(rest, complement(ahead) if item.negative else ahead)
-                return seq(*(self.build(x) for x in items[:k]), rest)
+                if isinstance(item, Anchor):  # an end anchor: only what it allows may follow
+                    rest = intersect(rest, self.right_pad(item.mode))
+                else:
+                    ahead = self.lookahead(item, budget)
+                    rest = intersect(rest, complement(ahead) if item.negative else ahead)
+                return seq(*done, rest)
             if isinstance(item, Group) and isinstance(item.item, Alternation) and _has_look(item.item):
                 budget[0] -= len(item.item.items)
                 if budget[0] < 0:
-                    raise RegexError("lookahead inside alternatives: too many combinations to expand",
+                    raise RegexError("lookahead or anchor inside alternatives: too many combinations to expand",
                                      self.pattern, _first_look(item.item).pos)
                 after = items[k + 1:]
-                branches = [self.sequence([b, *after], tail, budget) for b in item.item.items]
-                return seq(*(self.build(x) for x in items[:k]), alt(*branches))
-        return seq(*(self.build(x) for x in items), tail)
+                now = None if head is None else seq(*done)
+                branches = [self.sequence([b, *after], tail, budget, now) for b in item.item.items]
+                return seq(*([] if head is not None else done), alt(*branches))
+            done.append(self.build(item))
+        return seq(*done, tail)
+
+    def before_start(self, mode: str) -> Node:
+        """What may precede a start anchor: nothing, or (multiline) text ending with a newline."""
+        if mode == "multiline":
+            return optional(seq(self.any_text(), self.chars(((10, 10),))))
+        return EMPTY
 
     def lookahead(self, look: Look, budget: list[int]) -> Node:
         """The texts (from the lookahead's position to the end) that the lookahead accepts."""
@@ -103,7 +124,7 @@ class _Builder:
         for left, middle, right in self.alternatives(look.item, None, None):
             if left is not None:
                 raise RegexError("a start anchor inside a lookahead is not supported", self.pattern, look.pos)
-            parts.append(self.sequence(_items(middle), self.right_pad(right), budget))
+            parts.append(self.sequence(_items(middle), self.right_pad(right), budget, head=None))
         return alt(*parts)
 
     def alternatives(self, tree: Ast, left: str | None, right: str | None) -> list[_Branch]:
@@ -158,10 +179,8 @@ class _Builder:
                 f"{kind} is only supported where the rest of the pattern follows it directly "
                 "(not inside a repeat or an alternative that is repeated)", self.pattern, node.pos)
         if isinstance(node, Anchor):
-            where = "start" if node.side == "start" else "end"
-            raise RegexError(
-                f"anchor {node.text} is only supported at the {where} of the pattern "
-                f"(or of a top-level alternative)", self.pattern, node.pos)
+            raise RegexError(f"anchor {node.text} inside a repeat is not supported (only in the pattern's "
+                             "top-level sequence)", self.pattern, node.pos)
         raise TypeError(f"unexpected regex node {node!r}")
 
 
@@ -188,11 +207,11 @@ def _has_look(node: Ast) -> bool:
     return _first_look(node) is not None
 
 
-def _first_look(node: Ast) -> Look | None:
+def _first_look(node: Ast) -> Look | Anchor | None:
     stack = [node]
     while stack:
         n = stack.pop()
-        if isinstance(n, Look):
+        if isinstance(n, (Look, Anchor)):
             return n
         if isinstance(n, (Concat, Alternation)):
             stack.extend(reversed(n.items))

@@ -212,9 +212,9 @@ ERRORS = [
     ("a\\bc", "python", "word boundary \\b", 1),
     ("a\\B", "ecma", "word boundary \\B", 1),
     ("(?(1)a|b)", "python", "conditional", 0),
-    ("a^b", "python", "anchor ^", 1),
-    ("a$b", "ecma", "anchor $", 1),
-    ("(^a|b)c", "ecma", "anchor ^", 1),
+    ("(a^b)*", "python", "anchor ^", 2),
+    ("(a$)+", "ecma", "anchor $", 2),
+    ("(^a|b)+c", "ecma", "anchor ^", 1),
     ("a(?i)b", "python", "global flags not at the start", 1),
     ("\\q", "python", "bad escape \\q", 0),
     ("\\e", "ecma", "unknown escape \\e", 0),
@@ -301,3 +301,12 @@ def test_lookahead_where_it_cannot_be_placed(pattern: str, position: int) -> Non
     with pytest.raises(RegexError, match="lookahead") as info:
         regex_to_ir(pattern)
     assert info.value.position == position
+
+
+@pytest.mark.parametrize("pattern", ["a$b", "a^b", "/^[0-9]{2}$/", "(^a|b)c", "a(?m:^)b", "(?m)a\n^b", "a$\n", "x(a$|b)",
+                                     "(?m)a$\nb", "\\Aa|b\\Z", "(a|^b)(?=c)c"])
+def test_anchors_inside_the_sequence_agree_with_re(pattern: str) -> None:
+    compiled = re.compile(pattern)
+    for text in ["", "a", "ab", "a\nb", "a\n", "b", "/12/", "12", "xa", "xb", "bc", "c", "a\nc", "xa\n", "abc"]:
+        assert ir_matches(pattern, text) == bool(compiled.fullmatch(text)), (pattern, text)
+        assert ir_matches(pattern, text, search=True) == bool(compiled.search(text)), (pattern, text, "search")
