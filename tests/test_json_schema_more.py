@@ -222,3 +222,10 @@ def test_not_prefix_items():
           arrays)
     with pytest.raises(SchemaError, match="items"):
         json_schema_to_grammar({"not": {"prefixItems": [{"type": "integer"}], "items": {"type": "string"}}})
+
+
+def test_property_names_with_not_enum():
+    schema = {"type": "object", "propertyNames": {"not": {"enum": ["a", "bc"]}}}
+    agree(schema, [{}, {"a": 1}, {"b": 1}, {"bc": 1}, {"b": 1, "bcd": 2}, {"x": 1, "a": 2}])
+    schema = {"type": "object", "propertyNames": {"oneOf": [{"enum": ["a", "b"]}, {"pattern": "^x"}]}}
+    agree(schema, [{}, {"a": 1}, {"xa": 1}, {"c": 1}, {"b": 1, "x": 2}])

@@ -315,9 +315,13 @@ class Translator:
             if sh.enums:
                 parts += [self.key_body_literal(v) for v in self.norm.values(sh) or [] if isinstance(v, str)]
             elif "string" in sh.types:
-                if sh.nots or sh.excluded:
+                if sh.nots:
                     raise SchemaError("'not' inside propertyNames is not supported", sub.pointer, "propertyNames")
-                parts.append(self.string_body(sh, canonical=True))
+                body = self.string_body(sh, canonical=True)
+                banned = [self.key_body_literal(v) for v in sh.excluded if isinstance(v, str)]
+                if banned:  # keys are spelled canonically, so one spelling per excluded name
+                    body = intersect(body, complement(alt(*banned)))
+                parts.append(body)
         return alt(*parts)
 
     # ------------------------------------------------------------------ shared rules
