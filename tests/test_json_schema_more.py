@@ -229,3 +229,11 @@ def test_property_names_with_not_enum():
     agree(schema, [{}, {"a": 1}, {"b": 1}, {"bc": 1}, {"b": 1, "bcd": 2}, {"x": 1, "a": 2}])
     schema = {"type": "object", "propertyNames": {"oneOf": [{"enum": ["a", "b"]}, {"pattern": "^x"}]}}
     agree(schema, [{}, {"a": 1}, {"xa": 1}, {"c": 1}, {"b": 1, "x": 2}])
+
+
+def test_double_negation_of_enum():
+    values = [1, 2, "a", "b", None, [1], {"a": 1}]
+    agree({"not": {"not": {"enum": [1, "a", [1]]}}}, values)
+    agree({"not": {"type": "string", "not": {"enum": ["a"]}}}, values)
+    agree({"properties": {"x": {"not": {"properties": {"y": {"not": {"const": 1}}}}}}},
+          [{"x": {"y": 1}}, {"x": {"y": 2}}, {"x": {}}, {"x": 3}])

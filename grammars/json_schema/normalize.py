@@ -409,9 +409,9 @@ class Normalizer:
             if len(s.nots) == 1 and s == Shape(pointer=s.pointer, nots=s.nots, neg_raws=s.neg_raws):
                 return [replace(x, types=meet_types(x.types, scope)).check() for x in self.flatten(s.nots[0])]
             raise CannotNegate("a double negation next to other keywords")
-        if s.excluded:
-            raise CannotNegate("a double negation of 'enum'/'const'")
         out: list[Shape] = []
+        if s.excluded:  # not (v not in E) = v in E
+            out.append(Shape(pointer=p, types=meet_types(s.types, scope), enums=(tuple(s.excluded),)).check())
         if s.types != ALL_TYPES:
             for x in _other_types(s.types, p):
                 out.append(replace(x, types=meet_types(x.types, scope)).check())
