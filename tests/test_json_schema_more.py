@@ -237,3 +237,46 @@ def test_double_negation_of_enum():
     agree({"not": {"type": "string", "not": {"enum": ["a"]}}}, values)
     agree({"properties": {"x": {"not": {"properties": {"y": {"not": {"const": 1}}}}}}},
           [{"x": {"y": 1}}, {"x": {"y": 2}}, {"x": {}}, {"x": 3}])
+
+
+# ------------------------------------------------------------------------------ indent
+
+
+def _pretty(value, n):
+    return json.dumps(value, indent=n, ensure_ascii=False).encode()
+
+
+@pytest.mark.parametrize("n", [2, 4, 0])
+def test_indent_matches_json_dumps(n):
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
+        "pos": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x"]},
+        "kind": {"enum": [[1, 2], {"a": [True]}, "s"]}, "rest": {}, "list": {"prefixItems": [{"type": "integer"}],
+                                                                               "items": {"type": "object"}}},
+        "required": ["name"], "additionalProperties": {"type": "number"}}
+    g = json_schema_to_grammar(schema, indent=n)
+    v = validator(schema)
+    values = [{"name": "a"}, {"name": "a", "tags": []}, {"name": "a", "tags": ["x", "y"]},
+              {"name": "a", "pos": {"x": 1, "y": 2}}, {"name": "a", "pos": {"x": 1}}, {"name": "a", "kind": [1, 2]},
+              {"name": "a", "kind": {"a": [True]}}, {"name": "a", "rest": {"q": [1, {"z": None}], "e": {}}},
+              {"name": "a", "list": [1, {}, {"k": [[]]}]}, {"name": "a", "extra": 2.5}, {"name": "a", "extra": "no"},
+              {"tags": []}, {"name": "a", "pos": {"y": 1}}]
+    for value in values:
+        assert matches(g, _pretty(value, n)) == v.is_valid(value), value
+        if value and v.is_valid(value):  # exactly that layout
+            assert not matches(g, dump(value)), value
+    assert matches(g, b'{\n' + b' ' * n + b'"name": "a",\n' + b' ' * n + b'"tags": []\n}')
+    assert not matches(g, b'{\n' + b' ' * n + b'"name": "a",\n' + b' ' * n + b'"tags": [\n' + b' ' * n + b']\n}')
+
+
+def test_indent_with_unique_items_and_objects_with_witnesses():
+    schema = {"type": "array", "items": {"enum": ["a", "b", [1]]}, "uniqueItems": True}
+    g = json_schema_to_grammar(schema, indent=2)
+    v = validator(schema)
+    for value in [[], ["a"], ["a", "b"], ["a", "a"], [[1], "a"], [[1], [1]]]:
+        assert matches(g, _pretty(value, 2)) == v.is_valid(value), value
+    schema = {"type": "object", "not": {"properties": {"a": {}}, "additionalProperties": False}}
+    g = json_schema_to_grammar(schema, indent=2)
+    v = validator(schema)
+    for value in [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": [2]}]:
+        assert matches(g, _pretty(value, 2)) == v.is_valid(value), value

@@ -42,7 +42,9 @@ def json_schema_to_grammar(
     nothing (the specification makes unknown formats annotations, and validators ignore them), so
     by default (``unknown_format="ignore"``) it is ignored with a note in ``Grammar.notes``;
     ``unknown_format="error"`` raises ``SchemaError`` instead. ``max_recursion_depth`` bounds how deep recursive
-    ``$ref`` structures may nest. ``indent`` (pretty printing) is not supported yet.
+    ``$ref`` structures may nest. ``indent=n`` pretty prints exactly as ``json.dumps(value,
+    indent=n)`` does (members on their own lines, ``": "`` after keys, ``[]``/``{}`` when empty);
+    values may then nest at most 48 levels deep.
 
     ``remote_schemas`` resolves ``$ref`` to other documents: a mapping from absolute URI (no
     fragment) to schema (dict, bool or JSON text), or a function taking the URI and returning the
@@ -50,8 +52,8 @@ def json_schema_to_grammar(
     is fetched from the network; a reference to a URI the registry does not know is a
     ``SchemaError`` naming the URI.
     """
-    if indent is not None:
-        raise SchemaError("indent (pretty printing) is not supported; use whitespace='flexible'", "")
+    if indent is not None and whitespace != "compact":
+        raise SchemaError("indent (pretty printing) and whitespace='flexible' exclude each other", "")
     options = Options(whitespace, max_whitespace, indent, strict_properties, lenient, max_recursion_depth,
                       format_mode, unknown_format, oneof_as_anyof, remote_schemas)
     return Translator(load_schema(schema), options).run()

@@ -38,7 +38,7 @@ def _list(t: "Translator", first: Node, rest: Node, lo: int, hi: int | None, *, 
 
 
 def _wrap(t: "Translator", body: Node) -> Node:
-    return seq(literal("["), t.ws, body, t.ws, literal("]"))
+    return t.container("[", body, "]")
 
 
 def array_ir(t: "Translator", sh: Shape) -> Node:
@@ -184,7 +184,7 @@ def _unique_automaton(t: "Translator", where: str, positions: list[list[Sub]], f
     from grammars.json_schema.literals import hashable
 
     index = {hashable(v): i for i, v in enumerate(values)}
-    spell = [t.value_literal(v) for v in values]
+    spell = [t.value_literal(v, depth=t.depth + 1) for v in values]
     allowed = [None if f is None else [index[hashable(v)] for v in f] for f in finite]
     last = len(positions) - 1
     prefix = t.fresh_name(where + "#unique")

@@ -69,6 +69,8 @@ def object_ir(t: "Translator", sh: Shape) -> Node:
     witness_extras = {mask: _additional_member(t, sh, list(order), [w for i, w in enumerate(witnesses) if mask >> i & 1])
                       for mask in range(1, 1 << len(witnesses))}
     body = _members(t, sh, members, extra, witness_extras, sh.min_props, sh.max_props, sh.pointer)
+    if t.indent is not None:  # body writes the line breaks around its members itself
+        return seq(literal("{"), body, literal("}"))
     return seq(literal("{"), t.ws, body, t.ws, literal("}"))
 
 
@@ -156,13 +158,13 @@ def _members(t: "Translator", sh: Shape, members: list[tuple[str, list[Sub], boo
         if room is not None and room < need:
             return NOTHING
         if extra == NOTHING:
-            return EMPTY if need == 0 else NOTHING
+            return (t.last if c > 0 else EMPTY) if need == 0 else NOTHING
         more = seq(t.comma, extra)
         if c > 0:
-            return repeat(more, need, room)
+            return seq(repeat(more, need, room), t.last)
         if room == 0:
             return EMPTY if need == 0 else NOTHING
-        first = seq(extra, repeat(more, max(need - 1, 0), None if room is None else room - 1))
+        first = seq(t.first, extra, repeat(more, max(need - 1, 0), None if room is None else room - 1), t.last)
         return first if need > 0 else optional(first)
 
     def variants(j: int) -> list[tuple[Node, int]]:
@@ -189,7 +191,7 @@ def _members(t: "Translator", sh: Shape, members: list[tuple[str, list[Sub], boo
                     continue
                 take: list[Node] = []
                 if hi is None or c + 1 <= hi:
-                    sep = t.comma if c > 0 else EMPTY
+                    sep = t.comma if c > 0 else t.first
                     take = [seq(sep, node, _link(t, prefix, j + 1, min(c + 1, cap), w | bits, memo, use_rules))
                             for node, bits in forms]
                 skip = NOTHING if members[j][2] else _link(t, prefix, j + 1, c, w, memo, use_rules)
@@ -204,8 +206,8 @@ def _witness_tail(t: "Translator", prefix: str, extra: Node, witness_extras: dic
     if name in t.rules:
         return ref(name)
     t.rules[name] = NOTHING  # placeholder while building (cycles go through refs)
-    sep = t.comma if after else EMPTY
-    options: list[Node] = [EMPTY] if w == full else []
+    sep = t.comma if after else t.first
+    options: list[Node] = [t.last if after else EMPTY] if w == full else []
     if extra != NOTHING:
         options.append(seq(sep, extra, _witness_tail(t, prefix, extra, witness_extras, True, w, full)))
     for mask, wx in witness_extras.items():

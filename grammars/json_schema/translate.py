@@ -8,13 +8,14 @@ a ``[``, ``{`` or key is always consumed before a nested value).
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from grammars.errors import RegexError, SchemaError
 from grammars.ir import (
-    EMPTY, NOTHING, Alt, And, Bytes, Grammar, Node, Not, Ref, Repeat, Seq, alt, byte_set, complement,
+    ANY_BYTE, EMPTY, NOTHING, Alt, And, Bytes, Grammar, Node, Not, Ref, Repeat, Seq, alt, byte_set, complement,
     intersect, literal, optional, ref, repeat, seq,
 )
 from grammars.json_schema.document import Document, Sub
@@ -53,6 +54,8 @@ _ANNOTATIONS = frozenset({
     "$schema", "$id", "id", "$anchor", "$defs", "definitions", "contentMediaType", "contentEncoding",
 })
 _EXPONENT_FREE = seq(optional(MINUS), NATURAL, optional(FRACTION))
+# With indent, how deep values may nest (rules are made per depth).
+MAX_INDENT_DEPTH = 48
 
 
 class Translator:
@@ -67,7 +70,7 @@ class Translator:
         self._names: dict[tuple, str] = {}
         self._taken: set[str] = {"start", "any"}
         self._suffix: dict[str, int] = {}
-        self._queue: deque[tuple[str, list[Sub], str]] = deque()
+        self._queue: deque[tuple[str, list[Sub], str, int]] = deque()
         self._validators: dict[str, Any] = {}
         self._stripped: dict[int, dict] = {}
         self.norm = Normalizer(self.doc, oneof_as_anyof=options.oneof_as_anyof, lenient=options.lenient,
@@ -78,8 +81,13 @@ class Translator:
             self.ws = EMPTY
         else:
             raise SchemaError(f"whitespace must be 'compact' or 'flexible', not {options.whitespace!r}", "")
-        self.comma = seq(self.ws, literal(","), self.ws)
-        self.colon = seq(self.ws, literal(":"), self.ws)
+        self.indent = options.indent
+        if self.indent is not None and (isinstance(self.indent, bool) or not isinstance(self.indent, int)
+                                        or self.indent < 0):
+            raise SchemaError(f"indent must be a non-negative integer, not {self.indent!r}", "")
+        self.depth = 0
+        self._value_names: set[str] = set()
+        self.at_depth(0)
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -100,18 +108,81 @@ class Translator:
         self._taken.add(name)
         return name
 
-    def value_rule(self, subs: list[Sub], pointer: str) -> Node:
-        """A reference to the rule for values satisfying every schema in ``subs``."""
+    def at_depth(self, depth: int) -> None:
+        """Use the structural tokens of a value nested ``depth`` containers deep.
+
+        Compact/flexible JSON: the same everywhere. With ``indent``, as ``json.dumps(indent=n)``:
+        members on their own lines, indented one level more than their container.
+        """
+        self.depth = depth
+        if self.indent is None:
+            self.comma = seq(self.ws, literal(","), self.ws)
+            self.colon = seq(self.ws, literal(":"), self.ws)
+            self.first = self.last = EMPTY
+        else:
+            inner = "\n" + " " * (self.indent * (depth + 1))
+            self.comma = literal("," + inner)
+            self.colon = literal(": ")
+            self.first = literal(inner)  # before the first member of a container
+            self.last = literal("\n" + " " * (self.indent * depth))  # after its last member
+
+    def container(self, open_: str, body: Node, close: str) -> Node:
+        """``open_ body close`` where ``body`` holds the members with their separators.
+
+        With ``indent`` the members start on a new line and the closing bracket gets its own line,
+        unless there are none (``[]``, ``{}``); ``body`` must then not contain ``self.first``/``self.last``.
+        """
+        if self.indent is None:
+            return seq(literal(open_), self.ws, body, self.ws, literal(close))
+        empty = literal(open_ + close)
+        if body == EMPTY:
+            return empty
+        parts = []
+        items = body.items if isinstance(body, Alt) else (body,)
+        rest = [x for x in items if x != EMPTY]
+        if len(rest) < len(items):
+            parts.append(empty)
+            body = alt(*rest)
+        elif not self._surely_nonempty(body):
+            parts.append(seq(literal(open_), intersect(body, EMPTY), literal(close)))
+        if not self._surely_nonempty(body):
+            body = intersect(body, seq(ANY_BYTE, repeat(ANY_BYTE)))
+        parts.append(seq(literal(open_), self.first, body, self.last, literal(close)))
+        return alt(*parts)
+
+    def _surely_nonempty(self, node: Node) -> bool:
+        if isinstance(node, Bytes):
+            return node.mask != 0
+        if isinstance(node, Seq):
+            return any(self._surely_nonempty(i) for i in node.items)
+        if isinstance(node, Alt):
+            return all(self._surely_nonempty(i) for i in node.items)
+        if isinstance(node, Repeat):
+            return node.min > 0 and self._surely_nonempty(node.item)
+        if isinstance(node, Ref):
+            return node.name in self._value_names
+        return False
+
+    def value_rule(self, subs: list[Sub], pointer: str, depth: int | None = None) -> Node:
+        """A reference to the rule for values satisfying every schema in ``subs``, nested ``depth``
+        containers deep (default: a member of the container being built)."""
         if any(s.schema is False for s in subs):
+            return NOTHING
+        if depth is None:
+            depth = self.depth + 1
+        if self.indent is not None and depth > MAX_INDENT_DEPTH:
+            self.note(f"indent: values nested deeper than {MAX_INDENT_DEPTH} levels are not generated")
             return NOTHING
         subs = [s for s in subs if s.schema is not True and s.schema != {}]
         if not subs:
-            return self.any_value()
-        key = tuple(s.key() for s in subs)
+            return self.any_value(depth)
+        key = tuple(s.key() for s in subs) + ((depth,) if self.indent is not None else ())
         name = self._names.get(key)
         if name is None:
-            name = self._names[key] = self.fresh_name("&".join(s.pointer for s in subs))
-            self._queue.append((name, subs, subs[0].pointer))
+            label = "&".join(s.pointer for s in subs) + (f"@{depth}" if self.indent is not None else "")
+            name = self._names[key] = self.fresh_name(label)
+            self._value_names.add(name)
+            self._queue.append((name, subs, subs[0].pointer, depth))
         return ref(name)
 
     def shapes_of(self, subs: list[Sub]) -> list[Shape]:
@@ -121,9 +192,10 @@ class Translator:
         return shapes
 
     def run(self) -> Grammar:
-        start = self.value_rule([self.doc.root_sub], "#")
+        start = self.value_rule([self.doc.root_sub], "#", depth=0)
         while self._queue:
-            name, subs, pointer = self._queue.popleft()
+            name, subs, pointer, depth = self._queue.popleft()
+            self.at_depth(depth)
             shapes = self.shapes_of(subs)
             if not shapes:
                 self.unsat(*self.norm.last_unsat)
@@ -236,6 +308,8 @@ class Translator:
         node = alt(*parts)
         if sh.excluded and node != NOTHING:
             try:
+                if self.indent is not None and any(isinstance(v, (list, dict)) and v for v in sh.excluded):
+                    raise Incomplete()
                 banned = alt(*[complete_value_ir(v, self.ws, self.comma, self.colon) for v in sh.excluded])
             except Incomplete:
                 raise SchemaError("cannot enforce 'not' of an object value with several keys", sh.pointer, "not") from None
@@ -244,8 +318,13 @@ class Translator:
             self.unsat("no value satisfies these keywords together", sh.pointer)
         return node
 
-    def value_literal(self, v: Any, sh: Shape | None = None) -> Node:
-        """``v`` as generated; ``2.0`` for ``2`` too unless draft-04's integer type would reject it."""
+    def value_literal(self, v: Any, sh: Shape | None = None, depth: int | None = None) -> Node:
+        """``v`` as generated (at ``depth``, default the current one); ``2.0`` for ``2`` too unless
+        draft-04's integer type would reject it."""
+        if self.indent is not None and isinstance(v, (list, dict)) and v:
+            text = json.dumps(v, indent=self.indent, ensure_ascii=False)
+            pad = " " * (self.indent * (self.depth if depth is None else depth))
+            return literal(text.replace("\n", "\n" + pad).encode("utf-8", "surrogatepass"))
         fraction = not self.doc.draft4
         if not fraction and sh is not None and is_integral(v):
             fraction = self.norm.valid_shape(float(v), sh) is True
@@ -333,21 +412,39 @@ class Translator:
             self._taken.add(name)
         return ref(name)
 
-    def any_value(self) -> Node:
-        if "any" not in self.rules:
-            self.rules["any"] = NOTHING
-            self.rules["any"] = alt(
-                literal("null"), literal("true"), literal("false"), ANY_NUMBER,
-                seq(literal('"'), repeat(self.shared("json-char", ANY_JSON_CHAR)), literal('"')),
-                seq(literal("["), self.ws, optional(seq(ref("any"), repeat(seq(self.comma, ref("any"))))), self.ws,
-                    literal("]")),
-                seq(literal("{"), self.ws, optional(seq(self._any_member(), repeat(seq(self.comma, self._any_member())))),
-                    self.ws, literal("}")),
+    def any_value(self, depth: int | None = None) -> Node:
+        """Any JSON value (nested ``depth`` containers deep with ``indent``; default: a member)."""
+        if self.indent is None:
+            name, child = "any", "any"
+        else:
+            depth = self.depth + 1 if depth is None else depth
+            if depth > MAX_INDENT_DEPTH:
+                return NOTHING
+            name, child = f"any@{depth}", f"any@{depth + 1}"
+        if name in self.rules:
+            return ref(name)
+        self.rules[name] = NOTHING
+        self._taken.add(name)
+        self._value_names.add(name)
+        saved = self.depth
+        if self.indent is not None:
+            self.at_depth(depth)
+        scalars = [literal("null"), literal("true"), literal("false"), ANY_NUMBER,
+                   seq(literal('"'), repeat(self.shared("json-char", ANY_JSON_CHAR)), literal('"'))]
+        if self.indent is not None and depth == MAX_INDENT_DEPTH:
+            self.rules[name] = alt(*scalars, literal("[]"), literal("{}"))
+        else:
+            member = seq(literal('"'), repeat(self.shared("json-char", ANY_JSON_CHAR)), literal('"'), self.colon,
+                         ref(child))
+            self.rules[name] = alt(
+                *scalars,
+                self.container("[", optional(seq(ref(child), repeat(seq(self.comma, ref(child))))), "]"),
+                self.container("{", optional(seq(member, repeat(seq(self.comma, member)))), "}"),
             )
-        return ref("any")
-
-    def _any_member(self) -> Node:
-        return seq(literal('"'), repeat(self.shared("json-char", ANY_JSON_CHAR)), literal('"'), self.colon, ref("any"))
+        if self.indent is not None:
+            self.at_depth(saved)
+            self.any_value(depth + 1)
+        return ref(name)
 
     def any_list(self) -> Node:
         return optional(seq(self.any_value(), repeat(seq(self.comma, self.any_value()))))
