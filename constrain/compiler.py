@@ -94,6 +94,20 @@ def _cached(key: tuple, build: Callable[[], CompiledGrammar]) -> CompiledGrammar
     return compiled
 
 
+def _options_key(options: dict[str, Any]) -> tuple:
+    """Options as a hashable key: JSON-like values by content (a ``remote_schemas`` mapping),
+    anything else (a resolver function) by identity."""
+    def freeze(v: Any) -> object:
+        if isinstance(v, (dict, list, tuple)):
+            try:
+                return json.dumps(v, sort_keys=True)
+            except (TypeError, ValueError):
+                return id(v)
+        return v if isinstance(v, (str, int, float, bool, type(None))) else id(v)
+
+    return tuple(sorted((k, freeze(v)) for k, v in options.items()))
+
+
 def _vocab_key(vocab) -> object:
     return getattr(vocab, "fingerprint", None) or id(vocab)
 
@@ -112,7 +126,7 @@ def compile_json_schema(schema: dict | bool | str, vocab, **options: Any) -> Com
     from grammars.json_schema import json_schema_to_grammar
 
     text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
-    key = ("json_schema", text, _vocab_key(vocab), tuple(sorted(options.items())))
+    key = ("json_schema", text, _vocab_key(vocab), _options_key(options))
     return _cached(key, lambda: compile_grammar(json_schema_to_grammar(schema, **options), vocab))
 
 

@@ -137,3 +137,12 @@ def test_matchers_share_a_grammar_across_threads(vocab) -> None:
     for t in threads:
         t.join()
     assert all(r == expected for r in results)
+
+
+def test_compile_options_with_mappings_are_cached_by_content(vocab) -> None:
+    remote = {"http://example.com/a.json": {"type": "integer"}}
+    schema = {"$ref": "http://example.com/a.json"}
+    first = constrain.compile_json_schema(schema, vocab, remote_schemas=remote)
+    again = constrain.compile_json_schema(schema, vocab, remote_schemas=dict(remote))
+    assert first is again
+    assert accepts(first, "42") and not accepts(first, '"x"')
