@@ -51,7 +51,7 @@ class TokenTrie:
             first = np.where(diff.any(axis=1), diff.argmax(axis=1), width)
             lcp[1:] = np.minimum(first, np.minimum(lengths[1:], lengths[:-1]))
         sorted_ids = np.asarray(ids, dtype=np.int32)
-        prev_node = None  # node index at the previous depth, for each token (sorted order)
+        prev_node = prev_sel = None  # node index / token positions at the previous depth
         for depth in range(width):
             sel = np.nonzero(lengths > depth)[0]
             starts = lcp[sel] < depth + 1

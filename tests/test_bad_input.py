@@ -6,7 +6,6 @@ import json
 import threading
 import time
 
-import numpy as np
 import pytest
 
 import constrain

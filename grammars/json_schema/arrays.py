@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from grammars.errors import SchemaError
-from grammars.ir import EMPTY, NOTHING, Node, alt, intersect, literal, optional, ref, repeat, seq
+from grammars.ir import EMPTY, NOTHING, Node, alt, intersect, optional, ref, repeat, seq
 from grammars.json_schema.document import Sub
 from grammars.json_schema.literals import dedupe_values
 from grammars.json_schema.shapes import Shape

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grammars.ir import NOTHING, Node, alt, literal, repeat, seq
+from grammars.ir import NOTHING, Node, alt, literal, seq
 from grammars.json_schema.json_strings import json_char, string_literal
 
 __all__ = ["value_ir", "complete_value_ir", "dedupe_values", "json_equal", "hashable", "Incomplete"]
