@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from grammars import ir
+from grammars.analysis import INFINITE, rule_min_lengths
 from grammars.errors import GrammarError
 
 # Expression kinds.
@@ -76,7 +77,7 @@ class ExprTable:
         self._rule_names = list(grammar.rules)
         self._rule_nodes = list(grammar.rules.values())
         self._rule_body: list[int | None] = [None] * len(self._rule_nodes)
-        self._rule_min = rule_min_lengths(grammar)
+        self._rule_min = rule_min_lengths(grammar.rules)
         self._min: dict[int, float] = {}
         # Keyed by identity: equal-but-distinct subtrees would cost a deep __eq__ per lookup, and
         # interning merges them anyway.
@@ -605,75 +606,6 @@ class ExprTable:
         done = np.zeros(new_cap, dtype=bool)
         done[:cap] = self.row_done
         self.rows, self.row_done = rows, done
-
-
-INFINITE = float("inf")
-
-
-def rule_min_lengths(grammar: ir.Grammar) -> dict[str, float]:
-    """Length of the shortest string each rule derives (``INFINITE`` for unproductive rules).
-
-    Unproductive rules (``a: "x" a``) are turned into ``NOTHING`` so that no walk can enter a
-    state with no way out; the lengths also drive the budget-aware close. ``And``/``Not`` count
-    as length 0 here (a lower bound): the states built from them get an exact search instead.
-    """
-    known: dict[str, float] = {}
-    while True:
-        memo: dict[int, float] = {}  # by identity (the grammar keeps every node alive)
-        visiting: set[str] = set()
-        cycles = False
-
-        refs_seen = 0
-
-        def size(node: ir.Node) -> float:
-            nonlocal refs_seen
-            got = node.cached_min_length
-            if got is None:
-                got = memo.get(id(node))
-            if got is not None:
-                return got
-            refs_before = refs_seen
-            if isinstance(node, ir.Bytes):
-                out: float = 1 if node.mask else INFINITE
-            elif isinstance(node, ir.Seq):
-                out = sum([size(i) for i in node.items], 0.0)
-            elif isinstance(node, ir.Alt):
-                out = min([size(i) for i in node.items], default=INFINITE)
-            elif isinstance(node, ir.And):
-                out = INFINITE if INFINITE in [size(i) for i in node.items] else 0
-            elif isinstance(node, ir.Not):
-                out = 0
-            elif isinstance(node, ir.Repeat):
-                out = 0 if node.min == 0 else node.min * size(node.item)
-            elif isinstance(node, ir.Ref):
-                nonlocal cycles
-                refs_seen += 1
-                body = grammar.rules.get(node.name)
-                if body is None or node.name in visiting:
-                    cycles = cycles or body is not None
-                    return known.get(node.name, INFINITE)  # undefined: reported when reached
-                visiting.add(node.name)
-                out = min(size(body), known.get(node.name, INFINITE))
-                visiting.discard(node.name)
-                return out
-            else:
-                raise TypeError(f"not an IR node: {node!r}")
-            if refs_seen == refs_before:  # rule-free: true in every grammar, cache on the node
-                node.cache_min_length(out)
-            else:
-                memo[id(node)] = out
-            return out
-
-        changed = False
-        for name, body in grammar.rules.items():
-            visiting.add(name)
-            n = size(body)
-            visiting.discard(name)
-            if n < known.get(name, INFINITE):
-                known[name] = n
-                changed = True
-        if not changed or not cycles:  # without cycles one pass is already exact
-            return known
 
 
 _UNSEEN = object()

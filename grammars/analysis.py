@@ -8,7 +8,7 @@ from typing import Callable, Iterable, Mapping
 from grammars import ir
 from grammars.ir import Node, alt, repeat, seq
 
-__all__ = ["children", "refs", "reachable_rules", "RefMapper", "cyclic_components"]
+__all__ = ["children", "refs", "reachable_rules", "RefMapper", "cyclic_components", "rule_min_lengths", "INFINITE"]
 
 
 def children(node: Node) -> tuple[Node, ...]:
@@ -121,3 +121,72 @@ def cyclic_components(graph: dict[str, set[str]], order: Iterable[str]) -> list[
                 if len(comp) > 1 or v in graph[v]:
                     out.append(comp)
     return out
+
+
+INFINITE = float("inf")
+
+
+def rule_min_lengths(rules: Mapping[str, Node]) -> dict[str, float]:
+    """Length of the shortest string each rule derives (``INFINITE`` for unproductive rules).
+
+    Unproductive rules (``a: "x" a``) are turned into ``NOTHING`` so that no walk can enter a
+    state with no way out; the lengths also drive the budget-aware close. ``And``/``Not`` count
+    as length 0 here (a lower bound): the states built from them get an exact search instead.
+    """
+    known: dict[str, float] = {}
+    while True:
+        memo: dict[int, float] = {}  # by identity (the grammar keeps every node alive)
+        visiting: set[str] = set()
+        cycles = False
+
+        refs_seen = 0
+
+        def size(node: ir.Node) -> float:
+            nonlocal refs_seen
+            got = node.cached_min_length
+            if got is None:
+                got = memo.get(id(node))
+            if got is not None:
+                return got
+            refs_before = refs_seen
+            if isinstance(node, ir.Bytes):
+                out: float = 1 if node.mask else INFINITE
+            elif isinstance(node, ir.Seq):
+                out = sum([size(i) for i in node.items], 0.0)
+            elif isinstance(node, ir.Alt):
+                out = min([size(i) for i in node.items], default=INFINITE)
+            elif isinstance(node, ir.And):
+                out = INFINITE if INFINITE in [size(i) for i in node.items] else 0
+            elif isinstance(node, ir.Not):
+                out = 0
+            elif isinstance(node, ir.Repeat):
+                out = 0 if node.min == 0 else node.min * size(node.item)
+            elif isinstance(node, ir.Ref):
+                nonlocal cycles
+                refs_seen += 1
+                body = rules.get(node.name)
+                if body is None or node.name in visiting:
+                    cycles = cycles or body is not None
+                    return known.get(node.name, INFINITE)  # undefined: reported when reached
+                visiting.add(node.name)
+                out = min(size(body), known.get(node.name, INFINITE))
+                visiting.discard(node.name)
+                return out
+            else:
+                raise TypeError(f"not an IR node: {node!r}")
+            if refs_seen == refs_before:  # rule-free: true in every grammar, cache on the node
+                node.cache_min_length(out)
+            else:
+                memo[id(node)] = out
+            return out
+
+        changed = False
+        for name, body in rules.items():
+            visiting.add(name)
+            n = size(body)
+            visiting.discard(name)
+            if n < known.get(name, INFINITE):
+                known[name] = n
+                changed = True
+        if not changed or not cycles:  # without cycles one pass is already exact
+            return known

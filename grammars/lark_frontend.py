@@ -57,7 +57,7 @@ from lark.lexer import PatternStr, Token
 from lark.tree import Tree
 
 from grammars import ir
-from grammars.analysis import RefMapper, cyclic_components, reachable_rules, refs
+from grammars.analysis import INFINITE, RefMapper, cyclic_components, reachable_rules, refs, rule_min_lengths
 from grammars.errors import LarkGrammarError, RegexError
 from grammars.ir import EMPTY, NOTHING, Node, alt, optional, ref, repeat, seq
 from grammars.regex import regex_to_ir
@@ -394,7 +394,7 @@ class _Converter:
     # ------------------------------------------------------------------ cleaning up
 
     def _prune_unproductive(self) -> None:
-        productive = _fixpoint(self.rules, _productive)
+        productive = {n for n, size in rule_min_lengths(self.rules).items() if size < INFINITE}
         dead = [name for name in self.rules if name not in productive]
         if not dead:
             return
@@ -494,22 +494,6 @@ def _nullable(node: Node, known: set[str]) -> bool:
     if isinstance(node, ir.Not):  # only inside terminals, which have no rule references
         return not _nullable(node.item, known)
     raise TypeError(node)
-
-
-def _productive(node: Node, known: set[str]) -> bool:
-    """Whether ``node`` matches some string, given the rules known to match some string."""
-    if isinstance(node, ir.Bytes):
-        return node.mask != 0
-    if isinstance(node, ir.Seq):
-        return all(_productive(i, known) for i in node.items)
-    if isinstance(node, ir.Alt):
-        return any(_productive(i, known) for i in node.items)
-    if isinstance(node, ir.Repeat):
-        return node.min == 0 or _productive(node.item, known)
-    if isinstance(node, ir.Ref):
-        return node.name in known
-    # And/Not (shortest-match terminals): the derivative engine searches their liveness itself.
-    return True
 
 
 def _fixpoint(rules: dict[str, Node], holds: Callable[[Node, set[str]], bool]) -> set[str]:
