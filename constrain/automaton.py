@@ -20,6 +20,8 @@ DEFAULT_MASK_CACHE = 4096
 # 1/SPLIT_MAX_CROSSING of the vocabulary, else the crossing walk costs as much as a plain one.
 SPLIT_MAX_CROSSING = 8
 SPLIT_DOES_NOT_PAY = object()
+# A union state is masked member by member (each member's head walk cached) up to this many.
+MAX_UNION_MEMBERS = 512
 
 MAX_FORCED_BYTES = 4096
 
@@ -98,7 +100,9 @@ class TokenAutomaton:
             key = self.table.clamp(state)  # same mask, shared by states differing in counts only
             got = self._masks.get(key)
             if got is None:
-                got = self._split_mask(key)
+                got = self._union_mask(key)
+                if got is None:
+                    got = self._split_mask(key)
                 if got is None:
                     tokens, _ = self.transitions(key)
                     got = self._pack(tokens, self.is_accepting(key))
@@ -107,6 +111,28 @@ class TokenAutomaton:
             while len(self._masks) > self._mask_cache_size:
                 self._masks.popitem(last=False)
             return got
+
+    def _union_mask(self, state: int) -> np.ndarray | None:
+        """Mask of ``a | b | ...`` as the union of the members' masks.
+
+        Pays when members are ``FRAME(...) tail`` states (object members in any order, rules
+        alive side by side): each member's head walk is cached and shared, where a walk of the
+        union itself would be new for every combination of members.
+        """
+        members = self.table.alternatives(state)
+        if members is None or len(members) > MAX_UNION_MEMBERS or not any(
+                [self.table.is_framed(m) for m in members]):
+            return None
+        out = None
+        for m in members:
+            # Members are rarely met again (they differ in what comes after): not cached.
+            got = self._masks.get(m)
+            if got is None:
+                got = self._split_mask(m)
+            if got is None:
+                got = self.mask(m)
+            out = got.copy() if out is None else np.bitwise_or(out, got, out=out)
+        return out
 
     def _split_mask(self, state: int) -> np.ndarray | None:
         """Mask of ``head tail`` from a walk of ``head`` that is shared by every tail.
@@ -124,9 +150,7 @@ class TokenAutomaton:
         head, tail = parts
         if table.is_byte_set(head):  # a literal's next byte: the plain walk is already tiny
             return None
-        first = 0
-        for b in np.nonzero(table.row(tail))[0]:
-            first |= 1 << int(b)
+        first = table.first_bytes(tail)
         sig = table.signature(head)
         heads = self._heads if sig is None else _shared_heads
         key = (head, first) if sig is None else (self._vocab_key, sig, first)

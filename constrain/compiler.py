@@ -18,7 +18,8 @@ from grammars.errors import GrammarError
 
 log = logging.getLogger("constrain")
 
-CACHE_SIZE = 256
+# Compiled grammars kept for reuse; each holds its own state and mask caches (megabytes).
+CACHE_SIZE = 32
 
 
 class CompiledGrammar:
@@ -125,7 +126,7 @@ def compile_json_schema(schema: dict | bool | str, vocab, **options: Any) -> Com
     """
     from grammars.json_schema import json_schema_to_grammar
 
-    text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+    text = schema if isinstance(schema, str) else json.dumps(schema)  # key order matters (property_order="declared")
     key = ("json_schema", text, _vocab_key(vocab), _options_key(options))
     return _cached(key, lambda: compile_grammar(json_schema_to_grammar(schema, **options), vocab))
 

@@ -22,11 +22,11 @@ from typing import Sequence
 import numpy as np
 
 from grammars import ir
-from grammars.analysis import INFINITE, rule_min_lengths
+from grammars.analysis import INFINITE, MinLength, rule_min_lengths
 from grammars.errors import GrammarError
 
 # Expression kinds.
-K_NOTHING, K_EMPTY, K_BYTES, K_SEQ, K_ALT, K_AND, K_NOT, K_REPEAT, K_REF, K_MARK, K_DEP, K_FRAME = range(12)
+K_NOTHING, K_EMPTY, K_BYTES, K_SEQ, K_ALT, K_AND, K_NOT, K_REPEAT, K_REF, K_MARK, K_DEP, K_FRAME, K_UNORDERED = range(13)
 
 NOTHING = 0
 EMPTY = 1
@@ -78,6 +78,11 @@ class ExprTable:
         self._rule_nodes = list(grammar.rules.values())
         self._rule_body: list[int | None] = [None] * len(self._rule_nodes)
         self._rule_min = rule_min_lengths(grammar.rules)
+        # Unordered nodes: (items, required bitmask, extra, first, sep, last, min, max, shortest
+        # lengths of the items, shortest lengths of extra/first/sep/last)
+        self._unordered: list[tuple] = []
+        self._unordered_body: dict[int, int] = {}
+        self._first: dict[int, int] = {}
         self._min: dict[int, float] = {}
         # Keyed by identity: equal-but-distinct subtrees would cost a deep __eq__ per lookup, and
         # interning merges them anyway.
@@ -290,7 +295,7 @@ class ExprTable:
         if got is not _UNSEEN:
             return got
         k, a = self._kind[e], self._args[e]
-        if k in (K_REF, K_MARK, K_DEP):
+        if k in (K_REF, K_MARK, K_DEP, K_UNORDERED):
             out = None
         elif k == K_FRAME:
             out = self.signature(a[0])  # frames are transparent
@@ -304,6 +309,82 @@ class ExprTable:
             out = _global_sig((k, *a))
         self._sigs[e] = out
         return out
+
+    def alternatives(self, e: int) -> tuple[int, ...] | None:
+        """The members of a union state (``a | b``, an Unordered state, either one inside a frame
+        or followed by more), whose masks together make its mask; None for other states."""
+        k, a = self._kind[e], self._args[e]
+        if k == K_ALT:
+            return a[0]
+        if k == K_FRAME:
+            return self.alternatives(a[0])
+        with self.lock:
+            if k == K_UNORDERED:
+                body = self._expand_unordered(e)
+                return self._args[body][0] if self._kind[body] == K_ALT else None
+            if k == K_SEQ and self._kind[a[0]] in (K_ALT, K_UNORDERED):
+                members = self.alternatives(a[0])
+                return None if members is None else tuple(self._mk_seq(m, a[1]) for m in members)
+        return None
+
+    def first_bytes(self, e: int) -> int:
+        """A superset of the bytes ``e`` can start with (a bitmask), without taking derivatives.
+
+        Cheap where a transition row would not be: an Unordered state's row expands and derives
+        every member that may come next."""
+        got = self._first.get(e)
+        if got is not None:
+            return got
+        with self.lock:
+            if e in self._expanding:  # only left recursion cycles here; stay a superset
+                return ALL_BYTES
+            self._expanding.add(e)
+            try:
+                k, a = self._kind[e], self._args[e]
+                if k in (K_BYTES, K_MARK):
+                    out = a[0]
+                elif k == K_SEQ:
+                    out = self.first_bytes(a[0]) | (self.first_bytes(a[1]) if self.nullable(a[0]) else 0)
+                elif k == K_ALT:
+                    out = 0
+                    for m in a[0]:
+                        out |= self.first_bytes(m)
+                elif k == K_AND:
+                    out = ALL_BYTES
+                    for m in a[0]:
+                        out &= self.first_bytes(m)
+                elif k in (K_REPEAT, K_FRAME):
+                    out = self.first_bytes(a[0])
+                elif k == K_REF:
+                    out = self.first_bytes(self._body(a[0]))
+                elif k == K_UNORDERED:
+                    out = self._unordered_first(e)
+                elif k in (K_NOTHING, K_EMPTY):
+                    out = 0
+                else:  # complement, DEP
+                    out = ALL_BYTES
+            finally:
+                self._expanding.discard(e)
+            self._first[e] = out
+            return out
+
+    def _unordered_first(self, e: int) -> int:
+        d, seen, count = self._args[e]
+        items, required, extra, first, sep, last, lo, hi, _, _ = self._unordered[d]
+        out = self.first_bytes(last) if count and required & ~seen == 0 and count >= lo else 0
+        if hi is None or count < hi:
+            lead = first if count == 0 else sep
+            out |= self.first_bytes(lead)
+            if self.nullable(lead):
+                for j, item in enumerate(items):
+                    if not seen >> j & 1:
+                        out |= self.first_bytes(item)
+                out |= self.first_bytes(extra)
+        return out
+
+    def is_framed(self, e: int) -> bool:
+        """Whether ``e`` is ``FRAME(...) tail``: a state whose head walk is shared across tails."""
+        return self._kind[e] == K_SEQ and self._kind[self._args[e][0]] == K_FRAME
 
     def is_byte_set(self, e: int) -> bool:
         return self._kind[e] == K_BYTES
@@ -330,6 +411,50 @@ class ExprTable:
     def _mk_ref(self, rule: int) -> int:
         return self._new(K_REF, (rule,), None, False)
 
+    def _mk_unordered(self, d: int, seen: int, count: int) -> int:
+        """Unordered node ``d`` after the items in bitmask ``seen`` and ``count`` members (capped).
+
+        NOTHING when it cannot be completed: a required item cannot match, or the member count
+        bounds can no longer be met (only these can change along the way, so later states of an
+        Unordered without count bounds need no check)."""
+        lo, hi = self._unordered[d][6:8]
+        if (seen == count == 0 or lo or hi is not None) and self._unordered_min(d, seen, count) == INFINITE:
+            return NOTHING
+        return self._new(K_UNORDERED, (d, seen, count), None, False)
+
+    def _unordered_min(self, d: int, seen: int, count: int) -> float:
+        """A lower bound, like a rule's (see ``rule_min_lengths``): states are searched exactly."""
+        items, required, _, _, _, _, lo, hi, mins, (extra, first, sep, last) = self._unordered[d]
+        return ir.unordered_min_length(mins, [bool(required >> j & 1) for j in range(len(items))], extra,
+                                       (first, sep, last), lo, hi, seen, count)
+
+    def _expand_unordered(self, e: int) -> int:
+        """One step of an Unordered state: close here, or write one more member.
+
+        Each member (with its separator) is a frame, like a rule's body: the state inside it is
+        ``FRAME(rest of member) Unordered(...)``, whose head is the same whichever members came
+        before, so its mask walk is shared by all of them (see ``alternatives``)."""
+        body = self._unordered_body.get(e)
+        if body is not None:
+            return body
+        d, seen, count = self._args[e]
+        items, required, extra, first, sep, last, lo, hi, _, _ = self._unordered[d]
+        options = []
+        if required & ~seen == 0 and count >= lo:
+            options.append(EMPTY if count == 0 else last)
+        if hi is None or count < hi:
+            lead = first if count == 0 else sep
+            nxt = min(count + 1, max(1, lo, hi or 0))  # counts past every bound behave alike
+            for j, item in enumerate(items):
+                if not seen >> j & 1 and item != NOTHING:
+                    member = self._mk_frame(self._mk_seq(lead, item))
+                    options.append(self._mk_seq(member, self._mk_unordered(d, seen | 1 << j, nxt)))
+            if extra != NOTHING:
+                member = self._mk_frame(self._mk_seq(lead, extra))
+                options.append(self._mk_seq(member, self._mk_unordered(d, seen, nxt)))
+        body = self._unordered_body[e] = self._mk_alt(options)
+        return body
+
     # ------------------------------------------------------------------ IR conversion
 
     def _convert(self, node: ir.Node) -> int:
@@ -351,6 +476,14 @@ class ExprTable:
             out = self._mk_not(self._convert(node.item))
         elif isinstance(node, ir.Repeat):
             out = self._mk_repeat(self._convert(node.item), node.min, node.max)
+        elif isinstance(node, ir.Unordered):
+            items = tuple(self._convert(i) for i in node.items)
+            parts = [self._convert(p) for p in (node.extra, node.first, node.sep, node.last)]
+            required = sum(1 << j for j, r in enumerate(node.required) if r)
+            size = MinLength(self._rule_min)
+            self._unordered.append((items, required, *parts, node.min, node.max, [size(i) for i in node.items],
+                                    tuple(size(p) for p in (node.extra, node.first, node.sep, node.last))))
+            out = self._mk_unordered(len(self._unordered) - 1, 0, 0)
         elif isinstance(node, ir.Ref):
             rule = self._rule_ids.get(node.name)
             if rule is None:
@@ -382,6 +515,10 @@ class ExprTable:
                 k, a = self._kind[e], self._args[e]
                 if k == K_REF:
                     n = self.nullable(self._body(a[0]))
+                elif k == K_UNORDERED:  # may close here (members cannot be empty: see Unordered)
+                    d, seen, count = a
+                    _, required, _, _, _, last, lo = self._unordered[d][:7]
+                    n = required & ~seen == 0 and count >= lo and (count == 0 or self.nullable(last))
                 elif k == K_FRAME:
                     n = self.nullable(a[0])
                 elif k == K_SEQ:
@@ -415,7 +552,7 @@ class ExprTable:
         out = self._deriv.get(key)
         if out is not None:
             return out
-        if self._kind[e] == K_REF:  # every cycle of derivatives passes through a rule reference
+        if self._kind[e] in (K_REF, K_UNORDERED):  # every cycle of derivatives passes through one
             if key in self._deriving:
                 raise GrammarError("left-recursive grammar: a rule can reach itself without consuming input")
             self._deriving.add(key)
@@ -450,6 +587,8 @@ class ExprTable:
             return self._mk_seq(self._d(item, b), rest)
         if k == K_REF:
             return self._mk_frame(self._d(self._body(a[0]), b))
+        if k == K_UNORDERED:
+            return self._d(self._expand_unordered(e), b)
         if k == K_FRAME:
             return self._mk_frame(self._d(a[0], b))
         if k == K_MARK:
@@ -483,6 +622,8 @@ class ExprTable:
                     parts = self.byte_classes(a[0])
                 elif k == K_REF:
                     parts = self.byte_classes(self._body(a[0]))
+                elif k == K_UNORDERED:
+                    parts = self.byte_classes(self._expand_unordered(e))
                 elif k == K_MARK:
                     parts = tuple(p for p in (a[0], ALL_BYTES ^ a[0]) if p)
                 else:
@@ -513,6 +654,8 @@ class ExprTable:
                 out = 0 if a[1] == 0 else a[1] * self.min_completion(a[0])
             elif k == K_REF:
                 out = self._rule_min.get(self._rule_names[a[0]], INFINITE)
+            elif k == K_UNORDERED:
+                out = self._unordered_min(*a)
             elif k == K_FRAME:
                 out = self.min_completion(a[0])
             else:

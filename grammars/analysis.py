@@ -8,7 +8,7 @@ from typing import Callable, Iterable, Mapping
 from grammars import ir
 from grammars.ir import Node, alt, repeat, seq
 
-__all__ = ["children", "refs", "reachable_rules", "RefMapper", "cyclic_components", "rule_min_lengths", "INFINITE"]
+__all__ = ["children", "refs", "reachable_rules", "RefMapper", "cyclic_components", "rule_min_lengths", "MinLength", "INFINITE"]
 
 
 def children(node: Node) -> tuple[Node, ...]:
@@ -16,6 +16,8 @@ def children(node: Node) -> tuple[Node, ...]:
         return node.items
     if isinstance(node, (ir.Repeat, ir.Not)):
         return (node.item,)
+    if isinstance(node, ir.Unordered):
+        return (*node.items, node.extra, node.first, node.sep, node.last)
     return ()
 
 
@@ -70,6 +72,10 @@ class RefMapper:
             out = ir.intersect(*(self(i) for i in node.items))
         elif isinstance(node, ir.Not):
             out = ir.complement(self(node.item))
+        elif isinstance(node, ir.Unordered):
+            out = ir.unordered([(self(i), r) for i, r in zip(node.items, node.required)], self(node.extra),
+                               first=self(node.first), sep=self(node.sep), last=self(node.last),
+                               min=node.min, max=node.max)
         else:
             out = node
         self.memo[id(node)] = (node, out)
@@ -126,67 +132,91 @@ def cyclic_components(graph: dict[str, set[str]], order: Iterable[str]) -> list[
 INFINITE = float("inf")
 
 
+class MinLength:
+    """Shortest match length of IR nodes, each rule counted as ``rule_mins[name]``.
+
+    ``And``/``Not`` count as length 0 (a lower bound): the states built from them get an exact
+    search in the compiler instead. Rule-free subtrees cache their length on the node itself.
+    """
+
+    def __init__(self, rule_mins: Mapping[str, float]) -> None:
+        self.rule_mins = rule_mins
+        self.memo: dict[int, float] = {}  # by identity (the grammar keeps every node alive)
+        self.refs_seen = 0
+
+    def rule(self, name: str) -> float:
+        return self.rule_mins.get(name, INFINITE)
+
+    def __call__(self, node: Node) -> float:
+        got = node.cached_min_length
+        if got is None:
+            got = self.memo.get(id(node))
+        if got is not None:
+            return got
+        refs_before = self.refs_seen
+        if isinstance(node, ir.Bytes):
+            out: float = 1 if node.mask else INFINITE
+        elif isinstance(node, ir.Seq):
+            out = sum([self(i) for i in node.items], 0.0)
+        elif isinstance(node, ir.Alt):
+            out = min([self(i) for i in node.items], default=INFINITE)
+        elif isinstance(node, ir.And):
+            out = INFINITE if INFINITE in [self(i) for i in node.items] else 0
+        elif isinstance(node, ir.Not):
+            out = 0
+        elif isinstance(node, ir.Repeat):
+            out = 0 if node.min == 0 else node.min * self(node.item)
+        elif isinstance(node, ir.Unordered):
+            out = ir.unordered_min_length([self(i) for i in node.items], node.required, self(node.extra),
+                                          (self(node.first), self(node.sep), self(node.last)), node.min, node.max)
+        elif isinstance(node, ir.Ref):
+            self.refs_seen += 1
+            return self.rule(node.name)  # never cached: it depends on the grammar
+        else:
+            raise TypeError(f"not an IR node: {node!r}")
+        if self.refs_seen == refs_before:  # rule-free: true in every grammar, cache on the node
+            node.cache_min_length(out)
+        else:
+            self.memo[id(node)] = out
+        return out
+
+
+class _RuleFixpoint(MinLength):
+    """One pass of ``rule_min_lengths``: rules are entered, cycles fall back to the last pass."""
+
+    def __init__(self, rules: Mapping[str, Node], known: dict[str, float]) -> None:
+        super().__init__(known)
+        self.rules = rules
+        self.visiting: set[str] = set()
+        self.cycles = False
+
+    def rule(self, name: str) -> float:
+        body = self.rules.get(name)
+        if body is None or name in self.visiting:
+            self.cycles = self.cycles or body is not None
+            return self.rule_mins.get(name, INFINITE)  # undefined: reported when reached
+        self.visiting.add(name)
+        out = min(self(body), self.rule_mins.get(name, INFINITE))
+        self.visiting.discard(name)
+        return out
+
+
 def rule_min_lengths(rules: Mapping[str, Node]) -> dict[str, float]:
     """Length of the shortest string each rule derives (``INFINITE`` for unproductive rules).
 
     Unproductive rules (``a: "x" a``) are turned into ``NOTHING`` so that no walk can enter a
-    state with no way out; the lengths also drive the budget-aware close. ``And``/``Not`` count
-    as length 0 here (a lower bound): the states built from them get an exact search instead.
+    state with no way out; the lengths also drive the budget-aware close.
     """
     known: dict[str, float] = {}
     while True:
-        memo: dict[int, float] = {}  # by identity (the grammar keeps every node alive)
-        visiting: set[str] = set()
-        cycles = False
-
-        refs_seen = 0
-
-        def size(node: ir.Node) -> float:
-            nonlocal refs_seen
-            got = node.cached_min_length
-            if got is None:
-                got = memo.get(id(node))
-            if got is not None:
-                return got
-            refs_before = refs_seen
-            if isinstance(node, ir.Bytes):
-                out: float = 1 if node.mask else INFINITE
-            elif isinstance(node, ir.Seq):
-                out = sum([size(i) for i in node.items], 0.0)
-            elif isinstance(node, ir.Alt):
-                out = min([size(i) for i in node.items], default=INFINITE)
-            elif isinstance(node, ir.And):
-                out = INFINITE if INFINITE in [size(i) for i in node.items] else 0
-            elif isinstance(node, ir.Not):
-                out = 0
-            elif isinstance(node, ir.Repeat):
-                out = 0 if node.min == 0 else node.min * size(node.item)
-            elif isinstance(node, ir.Ref):
-                nonlocal cycles
-                refs_seen += 1
-                body = rules.get(node.name)
-                if body is None or node.name in visiting:
-                    cycles = cycles or body is not None
-                    return known.get(node.name, INFINITE)  # undefined: reported when reached
-                visiting.add(node.name)
-                out = min(size(body), known.get(node.name, INFINITE))
-                visiting.discard(node.name)
-                return out
-            else:
-                raise TypeError(f"not an IR node: {node!r}")
-            if refs_seen == refs_before:  # rule-free: true in every grammar, cache on the node
-                node.cache_min_length(out)
-            else:
-                memo[id(node)] = out
-            return out
-
+        size = _RuleFixpoint(rules, known)
         changed = False
         for name, body in rules.items():
-            visiting.add(name)
+            size.visiting.add(name)
             n = size(body)
-            visiting.discard(name)
+            size.visiting.discard(name)
             if n < known.get(name, INFINITE):
                 known[name] = n
                 changed = True
-        if not changed or not cycles:  # without cycles one pass is already exact
+        if not changed or not size.cycles:  # without cycles one pass is already exact
             return known

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 __all__ = [
-    "Node", "Bytes", "Seq", "Alt", "And", "Not", "Repeat", "Ref", "Grammar",
+    "Node", "Bytes", "Seq", "Alt", "And", "Not", "Repeat", "Ref", "Unordered", "Grammar",
     "NOTHING", "EMPTY", "ANY_BYTE",
-    "byte_set", "literal", "seq", "alt", "intersect", "complement", "repeat", "optional", "ref",
+    "byte_set", "literal", "seq", "alt", "intersect", "complement", "repeat", "optional", "ref", "unordered",
+    "unordered_min_length",
 ]
 
 
@@ -118,6 +119,31 @@ class Ref(Node):
     """A reference to a rule of the enclosing ``Grammar`` (this is what makes the IR context-free)."""
 
     name: str
+    _hash: int | None = field(default=None, init=False, compare=False, repr=False)
+    _min_length: float | None = field(default=None, init=False, compare=False, repr=False)
+    __hash__ = Node.__hash__
+
+
+@dataclass(frozen=True, slots=True)
+class Unordered(Node):
+    """Members in any order: each of ``items`` at most once (those flagged in ``required``
+    exactly once), ``extra`` any number of times, between ``min`` and ``max`` members in all,
+    written ``first m1 sep m2 ... sep mk last`` (the empty string when there are none).
+    Members must not match the empty string (the compiler relies on it).
+
+    JSON object members are this; spelling it with ``Alt``/``Seq`` needs a rule per subset of
+    members already written, so it is a node of its own and the compiler expands the subsets
+    it actually meets, one at a time.
+    """
+
+    items: tuple[Node, ...]
+    required: tuple[bool, ...]
+    extra: Node
+    first: Node
+    sep: Node
+    last: Node
+    min: int
+    max: int | None
     _hash: int | None = field(default=None, init=False, compare=False, repr=False)
     _min_length: float | None = field(default=None, init=False, compare=False, repr=False)
     __hash__ = Node.__hash__
@@ -237,3 +263,58 @@ def optional(item: Node) -> Node:
 def ref(name: str) -> Node:
     """A reference to rule ``name``."""
     return Ref(name)
+
+
+def unordered(items: Iterable[tuple[Node, bool]], extra: Node = NOTHING, *, first: Node = EMPTY,
+              sep: Node = EMPTY, last: Node = EMPTY, min: int = 0, max: int | None = None) -> Node:
+    """``Unordered`` over ``(item, required)`` pairs; items that cannot match are dropped."""
+    kept: list[tuple[Node, bool]] = []
+    for item, req in items:
+        if item == NOTHING:
+            if req:
+                return NOTHING
+            continue
+        kept.append((item, req))
+    if min < 0 or (max is not None and max < min):
+        raise ValueError(f"bad member count bounds {{{min},{max}}}")
+    if max is not None and sum(r for _, r in kept) > max:
+        return NOTHING
+    if not kept and extra == NOTHING:
+        return EMPTY if min == 0 else NOTHING
+    return Unordered(tuple(i for i, _ in kept), tuple(r for _, r in kept), extra, first, sep, last, min, max)
+
+
+def unordered_min_length(item_mins: Iterable[float], required: Iterable[bool], extra_min: float,
+                         seps: tuple[float, float, float], lo: int, hi: int | None, seen: int = 0,
+                         count: int = 0) -> float:
+    """Shortest completion of an ``Unordered`` once the items in bitmask ``seen`` and ``count``
+    members in all were written; ``seps`` are the lengths of ``first``, ``sep``, ``last``.
+
+    The required items still missing, then the cheapest others until ``min`` is reached."""
+    inf = float("inf")
+    need, optional_mins = 0.0, []
+    n_req = 0
+    for j, (m, r) in enumerate(zip(item_mins, required)):
+        if seen >> j & 1:
+            continue
+        if r:
+            need += m
+            n_req += 1
+        elif m < inf:
+            optional_mins.append(m)
+    more = max(lo - count - n_req, 0)
+    total = n_req + more
+    if hi is not None and count + total > hi:
+        return inf
+    if more:
+        optional_mins.sort()
+        picks = optional_mins[:more]
+        if len(picks) < more:
+            picks += [extra_min] * (more - len(picks))
+        else:  # the extra member may be cheaper than the optional items, and repeats
+            picks = sorted(picks + [extra_min] * more)[:more]
+        need += sum(picks)
+    if total == 0:
+        return 0 if count == 0 else seps[2]
+    first, sep, last = seps
+    return need + (first + (total - 1) * sep if count == 0 else total * sep) + last

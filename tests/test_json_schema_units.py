@@ -7,6 +7,8 @@ import time
 
 import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from constrain.derivatives import matches
 from grammars.errors import SchemaError
@@ -81,12 +83,46 @@ def test_formats():
     agree({"type": "string", "format": "int32"}, ["x", "12", ""])
 
 
-def test_object_keys_in_declaration_order_no_duplicates():
+def test_object_members_in_any_order_no_duplicates():
     schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}, "required": ["a"]}
     g = agree(schema, [{"a": "x"}, {"b": 1, "a": "x"}, {"b": 1}, {"b": 1, "a": "x", "c": [1]}, {}])
-    assert not matches(g, b'{"a":"x","b":1}')  # declaration order: b before a
+    assert matches(g, b'{"a":"x","b":1}') and matches(g, b'{"c":[1],"a":"x","b":1}')
     assert not matches(g, b'{"b":1,"a":"x","b":2}')
     assert not matches(g, b'{"b":1,"a":"x","\\u0062":2}')  # extra keys never spell a declared one
+
+
+def test_declared_property_order_option():
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}, "required": ["a"]}
+    g = agree(schema, [{"a": "x"}, {"b": 1, "a": "x"}, {"b": 1, "a": "x", "c": [1]}], property_order="declared")
+    assert not matches(g, b'{"a":"x","b":1}')
+    assert not matches(g, b'{"c":[1],"a":"x"}')  # additional members come last
+
+
+OBJECT_SCHEMAS = [
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"}},
+     "required": ["a", "c"]},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+     "additionalProperties": {"type": "integer"}, "minProperties": 2, "maxProperties": 3},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "patternProperties": {"^x": {"type": "string"}},
+     "additionalProperties": False, "minProperties": 1},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+     "dependentRequired": {"a": ["b"]}, "maxProperties": 2},
+]
+
+
+@pytest.mark.parametrize("schema", OBJECT_SCHEMAS)
+@settings(max_examples=150, deadline=None)
+@given(members=st.lists(st.tuples(st.sampled_from(["a", "b", "c", "x1", "y"]),
+                                  st.one_of(st.integers(-3, 3), st.sampled_from(["s", True]))),
+                        max_size=6, unique_by=lambda m: m[0]),
+       repeat=st.sampled_from(["a", "b", "c"]))
+def test_objects_in_any_member_order_agree_with_jsonschema(schema, members, repeat):
+    """Every order of the same members gets jsonschema's verdict; a declared key never repeats."""
+    g = json_schema_to_grammar(schema)
+    text = b"{" + b",".join(dump(k) + b":" + dump(v) for k, v in members) + b"}"
+    assert matches(g, text) == jsonschema.Draft202012Validator(schema).is_valid(dict(members)), text
+    if repeat in dict(members) and repeat in schema["properties"]:
+        assert not matches(g, text[:-1] + b"," + dump(repeat) + b":1}")
 
 
 def test_additional_and_pattern_properties():

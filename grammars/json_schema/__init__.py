@@ -25,13 +25,15 @@ def json_schema_to_grammar(
     unknown_format: Literal["error", "ignore"] = "ignore",
     oneof_as_anyof: bool = False,
     remote_schemas: Mapping[str, Any] | Callable[[str], Any] | None = None,
+    property_order: Literal["any", "declared"] = "any",
 ) -> Grammar:
     """The grammar of JSON documents that are valid against ``schema`` (a dict, bool or JSON text).
 
     Documents are compact JSON (``{"a":1,"b":[1,2]}``) unless ``whitespace="flexible"``, which
     admits runs of at most ``max_whitespace`` spaces/newlines/tabs around structural tokens.
-    Object keys follow declaration order (``properties``), optional ones may be absent, and
-    additional keys come after the declared ones; ``strict_properties`` forbids undeclared keys
+    Object members come in any order, as JSON allows (each key at most once);
+    ``property_order="declared"`` instead fixes declared keys in the order of ``properties`` and
+    puts additional keys after them (what most engines generate). ``strict_properties`` forbids undeclared keys
     unless ``additionalProperties``/``patternProperties`` allow them explicitly. Bounded numbers
     and numbers with ``multipleOf`` are written without exponents; integers as plain digits.
 
@@ -52,8 +54,10 @@ def json_schema_to_grammar(
     is fetched from the network; a reference to a URI the registry does not know is a
     ``SchemaError`` naming the URI.
     """
+    if property_order not in ("any", "declared"):
+        raise ValueError(f"property_order must be 'any' or 'declared', not {property_order!r}")
     if indent is not None and whitespace != "compact":
         raise SchemaError("indent (pretty printing) and whitespace='flexible' exclude each other", "")
     options = Options(whitespace, max_whitespace, indent, strict_properties, lenient, max_recursion_depth,
-                      format_mode, unknown_format, oneof_as_anyof, remote_schemas)
+                      format_mode, unknown_format, oneof_as_anyof, remote_schemas, property_order)
     return Translator(load_schema(schema), options).run()

@@ -1,10 +1,13 @@
-"""JSON objects: declared properties in declaration order, then the additional ones.
+"""JSON objects: members in any order (an ``Unordered`` node), or in declaration order.
 
-Optional members make the comma placement depend on whether anything came before, and
-``minProperties``/``maxProperties`` on how many came before; both are the state of a small
-automaton over the declared properties (state = members written so far, capped), emitted as
-rules. Keys beyond the declared ones are split by which ``patternProperties`` they match, and
-can never spell a declared key (canonical spelling + complement), so no key repeats.
+Keys beyond the declared ones are split by which ``patternProperties`` they match, and can never
+spell a declared key (canonical spelling + complement), so no key repeats.
+
+In declaration order (``property_order="declared"``, and objects that must hold an additional
+member to satisfy a negated schema), optional members make the comma placement depend on
+whether anything came before, and ``minProperties``/``maxProperties`` on how many came before;
+both are the state of a small automaton over the declared properties (state = members written so
+far, capped), emitted as rules; additional members come last.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import re
 from typing import TYPE_CHECKING
 
 from grammars.errors import SchemaError
-from grammars.ir import EMPTY, NOTHING, Node, alt, complement, intersect, literal, optional, ref, repeat, seq
+from grammars.ir import (
+    EMPTY, NOTHING, Node, alt, complement, intersect, literal, optional, ref, repeat, seq, unordered,
+)
 from grammars.json_schema.document import Sub
 from grammars.json_schema.json_strings import ANY_CANONICAL_CHAR, string_literal
 from grammars.json_schema.shapes import Shape, Witness
@@ -59,6 +64,14 @@ def object_ir(t: "Translator", sh: Shape) -> Node:
         members.append((k, subs, k in required))
     extra = _additional_member(t, sh, list(order))
     witnesses = sh.witnesses
+    if t.options.property_order == "any" and not witnesses:
+        body = unordered([(seq(string_literal(k), t.colon, t.value_rule(subs, sh.pointer + "/properties/" + k)), req)
+                          for k, subs, req in members], extra,
+                         first=t.first, sep=t.comma, last=t.last, min=sh.min_props, max=sh.max_props)
+        return _braces(t, body)
+    if t.options.property_order == "any":
+        t.note(f"{sh.pointer}: members come in declaration order here (an additional member must witness "
+               "a negated schema)")
     if len(witnesses) > MAX_WITNESSES:
         raise SchemaError(f"more than {MAX_WITNESSES} negated additionalProperties/patternProperties apply here",
                           sh.pointer, "not")
@@ -68,7 +81,10 @@ def object_ir(t: "Translator", sh: Shape) -> Node:
     # an additional member may serve as several witnesses at once: one variant per set of them
     witness_extras = {mask: _additional_member(t, sh, list(order), [w for i, w in enumerate(witnesses) if mask >> i & 1])
                       for mask in range(1, 1 << len(witnesses))}
-    body = _members(t, sh, members, extra, witness_extras, sh.min_props, sh.max_props, sh.pointer)
+    return _braces(t, _members(t, sh, members, extra, witness_extras, sh.min_props, sh.max_props, sh.pointer))
+
+
+def _braces(t: "Translator", body: Node) -> Node:
     if t.indent is not None:  # body writes the line breaks around its members itself
         return seq(literal("{"), body, literal("}"))
     return seq(literal("{"), t.ws, body, t.ws, literal("}"))

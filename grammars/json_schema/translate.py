@@ -13,9 +13,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from grammars.analysis import INFINITE, rule_min_lengths
 from grammars.errors import RegexError, SchemaError
 from grammars.ir import (
-    ANY_BYTE, EMPTY, NOTHING, Alt, And, Bytes, Grammar, Node, Not, Ref, Repeat, Seq, alt, byte_set, complement,
+    ANY_BYTE, EMPTY, NOTHING, Alt, Bytes, Grammar, Node, Ref, Repeat, Seq, alt, byte_set, complement,
     intersect, literal, optional, ref, repeat, seq,
 )
 from grammars.json_schema.document import Document, Sub
@@ -45,6 +46,7 @@ class Options:
     unknown_format: Literal["error", "ignore"] = "ignore"
     oneof_as_anyof: bool = False
     remote_schemas: Any = None  # Mapping[str, schema] | Callable[[str], schema | None] | None
+    property_order: Literal["any", "declared"] = "any"
 
 
 _WS_BYTES = byte_set(b" \t\n\r")
@@ -453,63 +455,9 @@ class Translator:
 
     def _check_productive(self) -> None:
         """Raise when no finite document matches; name the first unsatisfiable place found."""
-        deps: dict[str, set[str]] = {name: set() for name in self.rules}
-        users: dict[str, list[str]] = {name: [] for name in self.rules}
-        for name, node in self.rules.items():
-            _refs(node, deps[name])
-            for d in deps[name]:
-                users.setdefault(d, []).append(name)
-        productive: set[str] = set()
-        todo = deque(self.rules)
-        queued = set(self.rules)
-        while todo:
-            name = todo.popleft()
-            queued.discard(name)
-            if name in productive:
-                continue
-            if _productive(self.rules[name], productive):
-                productive.add(name)
-                for u in users.get(name, ()):
-                    if u not in productive and u not in queued:
-                        queued.add(u)
-                        todo.append(u)
-        if "start" not in productive:
+        if rule_min_lengths(self.rules).get("start", INFINITE) == INFINITE:
             reason, where = "no finite JSON document satisfies it", "#"
             for pointer, why in self._unsat.items():
                 reason, where = why, pointer
                 break
             raise SchemaError(f"schema is unsatisfiable: {reason}", where)
-
-
-def _refs(node: Node, out: set[str]) -> None:
-    stack = [node]
-    seen: set[int] = set()
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if isinstance(n, Ref):
-            out.add(n.name)
-        elif isinstance(n, (Seq, Alt, And)):
-            stack.extend(n.items)
-        elif isinstance(n, (Not, Repeat)):
-            stack.append(n.item)
-
-
-def _productive(node: Node, ok: set[str]) -> bool:
-    if isinstance(node, Bytes):
-        return node.mask != 0
-    if isinstance(node, Ref):
-        return node.name in ok
-    if isinstance(node, Seq):
-        return all(_productive(i, ok) for i in node.items)
-    if isinstance(node, Alt):
-        return any(_productive(i, ok) for i in node.items)
-    if isinstance(node, And):
-        return all(_productive(i, ok) for i in node.items)
-    if isinstance(node, Not):
-        return True
-    if isinstance(node, Repeat):
-        return node.min == 0 or _productive(node.item, ok)
-    return True
