@@ -640,7 +640,7 @@ class ExprTable:
             return got
         with self.lock:
             k, a = self._kind[e], self._args[e]
-            if self._boolean[e]:
+            if k in (K_AND, K_NOT):  # exact by search; everything around them by structure
                 out = self._search_min(e)
             elif k == K_BYTES:
                 out = 1
