@@ -269,3 +269,30 @@ def test_rule_free_heads_are_shared_across_grammars() -> None:
     full = second._automaton._pack(tokens, False)
     assert np.array_equal(second.state_mask(m2.state), full)
     assert len(automaton_module._shared_heads) == shared  # reused, not recomputed
+
+
+def test_union_masks_of_unordered_members_equal_full_walks() -> None:
+    """Object members in any order: masks assembled member by member equal a full trie walk,
+    whatever members came before, and the budget close still sees exact shortest completions."""
+    vocab = gpt2()
+    schema = {"type": "object", "properties": {k: {"type": t} for k, t in
+                                               [("alpha", "integer"), ("alps", "string"), ("beta", "boolean"),
+                                                ("gamma", "array")]},
+              "required": ["beta"], "additionalProperties": {"type": "integer"}}
+    compiled = constrain.compile_json_schema(schema, vocab)
+    automaton = compiled._automaton
+    unions = 0
+    for doc in (b'{"gamma":[],"alps":"x","zz":1,"beta":true,"alpha":7}',
+                b'{"beta":false,"alpha":1,"q":2,"alps":"","gamma":[1]}'):
+        m = compiled.matcher()
+        for tok in text_tokens(vocab, doc):
+            tokens, _ = automaton.transitions(m.state)
+            full = automaton._pack(tokens, automaton.is_accepting(m.state))
+            unions += automaton.table.alternatives(m.state) is not None
+            assert np.array_equal(automaton.mask(m.state), full)
+            assert m.accept_token(tok)
+        assert compiled.is_accepting(m.state)
+    assert unions > 4, "the union path was never taken"
+    m = compiled.matcher()
+    assert m.accept_bytes(b'{"gamma":[],"')
+    assert m.min_completion_bytes() == len(b'beta":true}')
