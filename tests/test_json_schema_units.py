@@ -107,7 +107,17 @@ OBJECT_SCHEMAS = [
      "additionalProperties": False, "minProperties": 1},
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
      "dependentRequired": {"a": ["b"]}, "maxProperties": 2},
+    {"type": "object", "propertyNames": {"enum": ["a", "c", "x1"]}, "additionalProperties": {"type": "integer"},
+     "properties": {"a": {"type": "string"}}, "minProperties": 2},
 ]
+
+
+def test_listed_property_names_never_repeat():
+    """A repeated key counts once for minProperties: keys from a propertyNames enum are declared."""
+    g = json_schema_to_grammar({"propertyNames": {"enum": ["a", "b"]}, "minProperties": 2})
+    assert matches(g, b'{"b":1,"a":2}')
+    assert not matches(g, b'{"a":1,"a":2}')
+    assert not matches(g, b'{"a":1,"c":2}')
 
 
 @pytest.mark.parametrize("schema", OBJECT_SCHEMAS)
@@ -121,7 +131,7 @@ def test_objects_in_any_member_order_agree_with_jsonschema(schema, members, repe
     g = json_schema_to_grammar(schema)
     text = b"{" + b",".join(dump(k) + b":" + dump(v) for k, v in members) + b"}"
     assert matches(g, text) == jsonschema.Draft202012Validator(schema).is_valid(dict(members)), text
-    if repeat in dict(members) and repeat in schema["properties"]:
+    if repeat in dict(members) and repeat in schema.get("properties", {}):
         assert not matches(g, text[:-1] + b"," + dump(repeat) + b":1}")
 
 

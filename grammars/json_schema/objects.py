@@ -45,6 +45,9 @@ def object_ir(t: "Translator", sh: Shape) -> Node:
         required.update(part.required)
         for k in part.required:
             order.setdefault(k)
+    finite = _listed_names(sh)
+    for k in finite or ():
+        order.setdefault(k)  # every possible key declared: no key can repeat, counts stay exact
     members: list[tuple[str, list[Sub], bool]] = []
     for k in order:
         subs = t.norm.property_subs(sh, k)
@@ -62,7 +65,7 @@ def object_ir(t: "Translator", sh: Shape) -> Node:
                 return NOTHING
             continue
         members.append((k, subs, k in required))
-    extra = _additional_member(t, sh, list(order))
+    extra = NOTHING if finite is not None else _additional_member(t, sh, list(order))
     witnesses = sh.witnesses
     if t.options.property_order == "any" and not witnesses:
         body = unordered([(seq(string_literal(k), t.colon, t.value_rule(subs, sh.pointer + "/properties/" + k)), req)
@@ -88,6 +91,20 @@ def _braces(t: "Translator", body: Node) -> Node:
     if t.indent is not None:  # body writes the line breaks around its members itself
         return seq(literal("{"), body, literal("}"))
     return seq(literal("{"), t.ws, body, t.ws, literal("}"))
+
+
+def _listed_names(sh: Shape) -> list[str] | None:
+    """The only keys an object may have, when a ``propertyNames`` lists them (``enum``/``const``).
+
+    Additional members repeat freely (their keys are a language, not a set), and a repeated key
+    counts once for ``minProperties``; listed keys are declared instead, each at most once."""
+    for part in sh.objects:
+        schema = part.names.schema if part.names is not None else None
+        if isinstance(schema, dict) and ("const" in schema or "enum" in schema):
+            values = [schema["const"]] if "const" in schema else schema["enum"]
+            if isinstance(values, list):
+                return [v for v in values if isinstance(v, str)]
+    return None
 
 
 def _additional_member(t: "Translator", sh: Shape, declared: list[str], witnesses: list[Witness] = ()) -> Node:
