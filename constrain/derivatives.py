@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from grammars import ir
-from grammars.analysis import INFINITE, MinLength, rule_min_lengths
+from grammars.analysis import INFINITE, MinLength
 from grammars.errors import GrammarError
 
 # Expression kinds.
@@ -77,7 +77,7 @@ class ExprTable:
         self._rule_names = list(grammar.rules)
         self._rule_nodes = list(grammar.rules.values())
         self._rule_body: list[int | None] = [None] * len(self._rule_nodes)
-        self._rule_min = rule_min_lengths(grammar.rules)
+        self._rule_min = grammar.min_lengths
         # Unordered nodes: (items, required bitmask, extra, first, sep, last, min, max, shortest
         # lengths of the items, shortest lengths of extra/first/sep/last)
         self._unordered: list[tuple] = []

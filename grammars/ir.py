@@ -17,6 +17,7 @@ simplify as they go (an ``Alt`` of one item is that item, a ``Seq`` containing `
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from typing import Iterable, Mapping
 
 __all__ = [
@@ -162,6 +163,14 @@ class Grammar:
         if self.start not in self.rules:
             raise ValueError(f"grammar has no start rule {self.start!r}")
 
+    @cached_property
+    def min_lengths(self) -> dict[str, float]:
+        """Shortest match length per rule (``grammars.analysis.rule_min_lengths``), computed once
+        and shared by the front end that checks satisfiability and the compiler."""
+        from grammars.analysis import rule_min_lengths  # analysis builds on this module
+
+        return rule_min_lengths(self.rules)
+
     @staticmethod
     def of(node: Node) -> "Grammar":
         """A grammar whose language is that of one rule-free expression."""
@@ -183,8 +192,9 @@ def byte_set(values: Iterable[int] | bytes | range) -> Node:
     return Bytes(mask)
 
 
+@lru_cache(maxsize=65536)
 def literal(text: bytes | str) -> Node:
-    """Exactly ``text`` (a ``str`` is encoded as UTF-8)."""
+    """Exactly ``text`` (a ``str`` is encoded as UTF-8); nodes are immutable, so shared."""
     data = text.encode("utf-8") if isinstance(text, str) else text
     if len(data) == 1:
         return Bytes(1 << data[0])

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from grammars.analysis import INFINITE, rule_min_lengths
+from grammars.analysis import INFINITE
 from grammars.errors import RegexError, SchemaError
 from grammars.ir import (
     ANY_BYTE, EMPTY, NOTHING, Alt, Bytes, Grammar, Node, Ref, Repeat, Seq, alt, byte_set, complement,
@@ -203,12 +203,13 @@ class Translator:
                 self.unsat(*self.norm.last_unsat)
             self.rules[name] = alt(*[self.shape_ir(sh) for sh in shapes])
         self.rules["start"] = start if isinstance(start, Ref) else start
-        self._check_productive()
+        grammar = Grammar(self.rules, "start", tuple(self.notes))
+        self._check_productive(grammar)
         if self.options.max_recursion_depth is not None:
             from grammars.json_schema.recursion import bound_recursion
 
-            self.rules = bound_recursion(self.rules, self.options.max_recursion_depth)
-        return Grammar(self.rules, "start", tuple(self.notes))
+            grammar = Grammar(bound_recursion(self.rules, self.options.max_recursion_depth), "start", grammar.notes)
+        return grammar
 
     # ------------------------------------------------------------------ validation oracle
 
@@ -453,9 +454,9 @@ class Translator:
 
     # ------------------------------------------------------------------ finishing
 
-    def _check_productive(self) -> None:
+    def _check_productive(self, grammar: Grammar) -> None:
         """Raise when no finite document matches; name the first unsatisfiable place found."""
-        if rule_min_lengths(self.rules).get("start", INFINITE) == INFINITE:
+        if grammar.min_lengths.get("start", INFINITE) == INFINITE:
             reason, where = "no finite JSON document satisfies it", "#"
             for pointer, why in self._unsat.items():
                 reason, where = why, pointer
