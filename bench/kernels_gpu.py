@@ -109,9 +109,10 @@ def check_correctness(g: torch.Generator) -> list[str]:
     kw = dict(temperature=t, top_k=torch.randint(0, 60, (b,), device=DEV, generator=g).int(),
               top_p=torch.rand(b, device=DEV, generator=g) * 0.5 + 0.6,
               min_p=torch.rand(b, device=DEV, generator=g) * 0.1, seeds=seeds)
-    for name, extra in (("plain", dict(temperature=t, seeds=seeds)), ("filters", kw)):
+    for name, extra in (("plain", dict(temperature=t, seeds=seeds)), ("filters", kw),
+                        ("filters, top-k by candidates", dict(kw, max_top_k=60))):
         tk, fk = sample(x, bm, mi, **extra)
-        tr, fr = sample_ref(x, bm, mi, **extra)
+        tr, fr = sample_ref(x, bm, mi, **{k: a for k, a in extra.items() if k != "max_top_k"})
         allowed = unpack_bitmask(bm[mi.clamp(min=0)], v) | (mi < 0)[:, None]
         legal = bool(allowed.gather(1, tk.clamp(min=0)[:, None]).all())
         greedy_eq = bool(torch.equal(tk[t <= 0], tr[t <= 0]))
@@ -227,9 +228,16 @@ def bench_sampling(g, batches, v, rows):
             "temp": (lambda i: sample(logits[i], masks, mi, temperature=t, seeds=seeds),
                      lambda i: torch_sample(logits[i], t),
                      lambda i: sample(logits[i], None, None, temperature=t, seeds=seeds)),
-            "topk50+topp0.9": (lambda i: sample(logits[i], masks, mi, temperature=t, top_k=k, top_p=p, seeds=seeds),
+            "topk50+topp0.9": (lambda i: sample(logits[i], masks, mi, temperature=t, top_k=k, top_p=p, seeds=seeds,
+                                                max_top_k=50),
                                lambda i: torch_sample(logits[i], t, k, p),
-                               lambda i: sample(logits[i], None, None, temperature=t, top_k=k, top_p=p, seeds=seeds)),
+                               lambda i: sample(logits[i], None, None, temperature=t, top_k=k, top_p=p, seeds=seeds,
+                                                max_top_k=50)),
+            "topk50+topp0.9 radix": (lambda i: sample(logits[i], masks, mi, temperature=t, top_k=k, top_p=p,
+                                                      seeds=seeds),
+                                     lambda i: torch_sample(logits[i], t, k, p),
+                                     lambda i: sample(logits[i], None, None, temperature=t, top_k=k, top_p=p,
+                                                      seeds=seeds)),
         }
         for name, (ours, ref, ours_nomask) in modes.items():
             r = dict(section="sample", mode=name, batch=b, vocab=v,

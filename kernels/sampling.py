@@ -37,6 +37,8 @@ from .apply_bitmask import unpack_bitmask
 FLT_MAX = 3.4028234663852886e38
 LOG2E = 1.0 / math.log(2.0)
 KEY_NONE = 0x7FFFFFFF  # key of a disallowed token; also "keep everything" as a threshold
+# Largest top_k the candidate search handles (its per-chunk lists are this long at most).
+MAX_TOPK_CANDIDATES = 1024
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,6 +283,46 @@ if HAS_TRITON:
             tl.store(part_ptr + (b.to(tl.int64) * S + c) * 16 + j, acc.to(part_ptr.dtype.element_ty))
 
     @triton.jit
+    def _topk_candidates_kernel(
+        logits_ptr, l_stride, mask_ptr, midx_ptr, W,
+        temp_ptr, pmax_ptr, cand_ptr, V, CHUNK, S,
+        S_POW2: tl.constexpr, K: tl.constexpr,
+        HAS_MASK: tl.constexpr, HAS_MIDX: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        """The K smallest keys of one vocabulary chunk (as -key, largest first): the row's k-th
+        smallest key is among the chunks' candidates for every k <= K."""
+        b = tl.program_id(0)
+        c = tl.program_id(1)
+        t = tl.load(temp_ptr + b).to(tl.float32)
+        m = _row_max(pmax_ptr, b, S, S_POW2)
+        lrow, mrow = _row_setup(b, l_stride, midx_ptr, HAS_MIDX)
+        inv_t = 1.0 / tl.where(t > 0, t, 1.0)
+        best = tl.full([K], -0x7FFFFFFF, tl.int32)
+        start = c * CHUNK
+        end = tl.minimum(start + CHUNK, V)
+        for off in tl.range(start, end, BLOCK):
+            offs = off + tl.arange(0, BLOCK)
+            x, ok = _masked_logits(logits_ptr, lrow, mask_ptr, mrow, offs, V, W, HAS_MASK)
+            _, u = _keys(x, ok, m, inv_t)
+            both = tl.reshape(tl.join(best, tl.topk(-u, K)), [2 * K])
+            best = tl.topk(both, K)
+        tl.store(cand_ptr + (b.to(tl.int64) * S + c) * K + tl.arange(0, K), best)
+
+    @triton.jit
+    def _topk_select_kernel(topk_ptr, cand_ptr, out_ptr, S, S_POW2: tl.constexpr, K: tl.constexpr):
+        """Key threshold of top-k: the k-th smallest key of the row (KEY_NONE: keep everything)."""
+        b = tl.program_id(0)
+        k = tl.load(topk_ptr + b)
+        r = tl.arange(0, S_POW2)
+        j = tl.arange(0, K)
+        tile = tl.load(cand_ptr + (b.to(tl.int64) * S + r[:, None]) * K + j[None, :],
+                       mask=(r < S)[:, None], other=-0x7FFFFFFF)
+        top = tl.topk(tl.reshape(tile, [S_POW2 * K]), K)
+        kth = -tl.sum(tl.where(j == k - 1, top, 0), 0)
+        out = tl.where((k > 0) & (k <= K), kth.to(tl.int64), 0x7FFFFFFF)
+        tl.store(out_ptr + b, out)
+
+    @triton.jit
     def _radix_update_kernel(
         temp_ptr, param_ptr, pmax_ptr, pref_ptr, part_ptr, target_ptr, S, shift,
         S_POW2: tl.constexpr, MODE: tl.constexpr,
@@ -375,11 +417,15 @@ def _split(b: int, v: int, block: int) -> tuple[int, int]:
     return per * block, triton.cdiv(n_blocks, per)
 
 
-def _thresholds(logits, mask_arg, midx_arg, w, temperature, top_k, top_p, min_p, pmax, v, chunk, s, s_pow2, common):
-    """Per-row key threshold U: 8 radix-16 passes for top-k, 1 + 8 for top-p, min-p in closed form.
+def _thresholds(logits, mask_arg, midx_arg, w, temperature, top_k, top_p, min_p, pmax, v, chunk, s, s_pow2, common,
+                max_top_k=None):
+    """Per-row key threshold U: top-k by candidates (``max_top_k`` known) or 8 radix-16 passes,
+    top-p by 1 + 8 radix passes, min-p in closed form.
 
     Every pass is a (rows, chunks) kernel plus a per-row update, so a single row still spreads
-    over the whole card, and the fixed pass count keeps the chain graph-capturable.
+    over the whole card, and the fixed pass count keeps the chain graph-capturable. With a bound
+    on top_k known on the host, one pass keeps each chunk's smallest keys (``tl.topk``) and a
+    per-row kernel picks the k-th among them: one read of the logits instead of eight.
     """
     b = logits.shape[0]
     dev = logits.device
@@ -397,7 +443,13 @@ def _thresholds(logits, mask_arg, midx_arg, w, temperature, top_k, top_p, min_p,
                                        S_POW2=s_pow2, MODE=mode, num_warps=4)
 
     uk = torch.zeros(b, dtype=torch.int64, device=dev)
-    search(top_k, 0, uk, torch.empty(b, s, 16, dtype=torch.int32, device=dev), pmax)
+    kc = max(16, triton.next_power_of_2(max(int(max_top_k or 1), 1)))
+    if max_top_k is not None and kc <= min(MAX_TOPK_CANDIDATES, common["BLOCK"]):
+        cand = torch.empty(b, s, kc, dtype=torch.int32, device=dev)
+        _topk_candidates_kernel[grid](*args, pmax, cand, v, chunk, s, S_POW2=s_pow2, K=kc, num_warps=4, **common)
+        _topk_select_kernel[(b,)](top_k, cand, uk, s, S_POW2=s_pow2, K=kc, num_warps=4)
+    else:
+        search(top_k, 0, uk, torch.empty(b, s, 16, dtype=torch.int32, device=dev), pmax)
     uk = torch.where(top_k > 0, uk, big)
     up = torch.zeros(b, dtype=torch.int64, device=dev)
     part = torch.empty(b, s, 16, dtype=torch.float32, device=dev)
@@ -422,8 +474,9 @@ def sample(
     top_p: torch.Tensor | None = None,
     min_p: torch.Tensor | None = None,
     seeds: torch.Tensor | None = None,
+    max_top_k: int | None = None,
     block: int = 1024,
-    num_warps: int = 4,
+    num_warps: int = 8,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row under its mask; returns (tokens int64 (B,), all_masked bool (B,)).
 
@@ -432,7 +485,10 @@ def sample(
     masks=None samples unconstrained. Per-row (B,) parameters: temperature (<= 0 means greedy,
     default 1), top_k (<= 0 off), top_p (>= 1 off), min_p (<= 0 off), seeds int64 (same seed
     and logits -> same token; change it per step). Leaving top_k/top_p/min_p all None skips the
-    filter kernels entirely. All-masked rows return token -1 and flag True.
+    filter kernels entirely. All-masked rows return token -1 and flag True. ``max_top_k``, a
+    bound on top_k known on the host (an engine knows its requests' parameters), selects the
+    one-pass top-k search; without it a CPU ``top_k`` gives the bound, else eight radix passes
+    run (reading a GPU tensor's maximum would stall the stream and break graph capture).
     """
     if not use_triton(logits):
         return sample_ref(logits, masks, mask_index, temperature=temperature, top_k=top_k,
@@ -442,6 +498,8 @@ def sample(
     b, v = logits.shape
     dev = logits.device
     has_filters = top_k is not None or top_p is not None or min_p is not None
+    if max_top_k is None and top_k is not None and top_k.device.type == "cpu":
+        max_top_k = int(top_k.max()) if top_k.numel() else 0
     temperature, top_k, top_p, min_p, seeds = _defaults(b, dev, temperature, top_k, top_p, min_p, seeds)
     chunk, s = _split(b, v, block)
     s_pow2 = triton.next_power_of_2(s)
@@ -463,7 +521,7 @@ def sample(
     )
     if has_filters:
         thr = _thresholds(logits, mask_arg, midx_arg, w, temperature, top_k, top_p, min_p,
-                          pmax, v, chunk, s, s_pow2, common)
+                          pmax, v, chunk, s, s_pow2, common, max_top_k)
         _filtered_kernel[(b, s)](
             logits, logits.stride(0), mask_arg, midx_arg, w,
             temperature, seeds, top_k, top_p, min_p,

@@ -69,11 +69,15 @@ def test_threshold_search_exact() -> None:
     common = dict(HAS_MASK=True, HAS_MIDX=False, BLOCK=64)
     S._stage1_kernel[(b, 1)](dev[0], v, dev[1], dev[0], masks.shape[1], dev[2], torch.zeros(b, dtype=torch.int64, device=DEVICE),
                              dev[3], dev[4], dev[5], pmax, *scratch, v, 256, 1, HAS_FILTERS=True, **common)
-    thr = S._thresholds(dev[0], dev[1], dev[0], masks.shape[1], dev[2], dev[3], dev[4], dev[5], pmax, v, 256, 1, 1, common)
     ok = S._allowed_ref(x, masks, None)
     xx = torch.where(ok, x, torch.tensor(float("-inf")))
     z = (xx - xx.max(-1).values[:, None]) * (1.0 / t)[:, None]  # the kernel multiplies by 1/T
-    assert torch.equal(thr.cpu(), S.filter_threshold_ref(z, ok, tk, tp, mp))
+    for max_top_k in (None, 500, 29):  # radix search; candidates (K=512 > BLOCK: radix); candidates
+        if max_top_k == 29:
+            dev[3][3] = tk[3] = 29
+        thr = S._thresholds(dev[0], dev[1], dev[0], masks.shape[1], dev[2], dev[3], dev[4], dev[5], pmax, v, 256, 1, 1,
+                            common, max_top_k)
+        assert torch.equal(thr.cpu(), S.filter_threshold_ref(z, ok, tk, tp, mp))
 
 
 def _expected(x: torch.Tensor, allowed: torch.Tensor, t: float, k: int, p: float, mp: float) -> torch.Tensor:
