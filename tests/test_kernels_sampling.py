@@ -41,10 +41,10 @@ def _to(d: dict) -> dict:
 
 @needs_kernels
 def test_sample_matches_twin_token_for_token() -> None:
-    for seed in (0, 1):
+    for seed, block in ((0, BLOCK), (1, BLOCK), (1, 64)):  # top_k <= 50: candidates once blocks hold 64
         x, masks, midx, params = _case(seed)
         for p in (dict(temperature=params["temperature"], seeds=params["seeds"]), params):
-            tk, fk = sample(x.to(DEVICE), masks.to(DEVICE), midx.to(DEVICE), block=BLOCK, **_to(p))
+            tk, fk = sample(x.to(DEVICE), masks.to(DEVICE), midx.to(DEVICE), block=block, max_top_k=50, **_to(p))
             tr, fr = sample_ref(x, masks, midx, **p)
             assert torch.equal(fk.cpu(), fr)
             assert torch.equal(tk.cpu(), tr)
