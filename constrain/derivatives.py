@@ -72,7 +72,6 @@ class ExprTable:
         self._deriv: dict[int, int] = {}
         self._classes: dict[int, tuple[int, ...]] = {}
         self._live: dict[int, bool] = {}
-        self._search_exhausted = False
         self._rule_ids = {name: i for i, name in enumerate(grammar.rules)}
         self._rule_names = list(grammar.rules)
         self._rule_nodes = list(grammar.rules.values())
@@ -664,9 +663,9 @@ class ExprTable:
             return out
 
     def _search_min(self, e: int) -> float:
-        """Breadth-first search for the nearest accepting derivative (intersections, complements)."""
+        """Breadth-first search for the nearest accepting derivative (intersections, complements);
+        INFINITE when there is none or the search gave up (the budget close then avoids it)."""
         frontier, seen, depth = [e], {e}, 0
-        self._search_exhausted = False
         while frontier and len(seen) < LIVENESS_BUDGET:
             nxt = []
             for s in frontier:
@@ -674,11 +673,10 @@ class ExprTable:
                     return depth
                 for part in self.byte_classes(s):
                     n = self.derive(s, (part & -part).bit_length() - 1)
-                    if n != NOTHING and n not in seen:
+                    if n != NOTHING and n not in seen and self._live.get(n) is not False:
                         seen.add(n)
                         nxt.append(n)
             frontier, depth = nxt, depth + 1
-        self._search_exhausted = bool(frontier)  # gave up: callers treat the state as live
         return INFINITE
 
     def is_live(self, e: int) -> bool:
@@ -706,9 +704,41 @@ class ExprTable:
             elif k == K_FRAME:
                 live = self.is_live(a[0])
             else:
-                live = self._search_min(e) != INFINITE or self._search_exhausted
+                live = self._search_live(e)
             self._live[e] = live
             return live
+
+    def _search_live(self, e: int) -> bool:
+        """Breadth-first search from an intersection/complement state for acceptance.
+
+        It stops at the first state already known live (or accepting, or free of And/Not), and
+        every state on the path to it is live too: recorded, so the searches of neighbouring
+        states (a string body's next byte, the next token's states) end within a few steps.
+        When everything reachable was explored without success, all of it is dead.
+        """
+        parent = {e: e}
+        frontier = [e]
+        while frontier and len(parent) < LIVENESS_BUDGET:
+            nxt = []
+            for s in frontier:
+                if s != e and (not self._boolean[s] or self._live.get(s) or self.nullable(s)) or (
+                        s == e and self.nullable(s)):
+                    while True:  # the path back to e is live
+                        self._live[s] = True
+                        if s == e:
+                            return True
+                        s = parent[s]
+                for part in self.byte_classes(s):
+                    n = self.derive(s, (part & -part).bit_length() - 1)
+                    if n != NOTHING and n not in parent and self._live.get(n) is not False:
+                        parent[n] = s
+                        nxt.append(n)
+            frontier = nxt
+        if frontier:
+            return True  # gave up: a wrong "live" can only stall a walk, never admit a bad byte
+        for s in parent:
+            self._live[s] = False
+        return False
 
     # ------------------------------------------------------------------ transition rows
 

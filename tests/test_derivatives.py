@@ -116,3 +116,27 @@ def test_counted_repeat_is_one_node_and_exact() -> None:
     node = ir.repeat(ir.literal("a"), 0, 100_000)
     assert matches(node, b"a" * 100_000)
     assert not matches(node, b"a" * 100_001)
+
+
+def test_liveness_learnt_from_earlier_searches_equals_fresh_searches() -> None:
+    """Searches record live paths and dead regions; every later answer must equal a search
+    from scratch in a table that never asked about liveness."""
+    from constrain.derivatives import INFINITE, NOTHING
+    from grammars.regex import regex_to_ir
+
+    node = ir.alt(ir.intersect(regex_to_ir(r"[a-d]*abc[a-d]*"), regex_to_ir(r"([a-d][a-d])*"),
+                               ir.complement(regex_to_ir(r".*dd.*")), regex_to_ir(r"[a-c]*d?[a-c]*")),
+                  ir.seq(ir.literal("e"), ir.intersect(regex_to_ir(r"[a-e]*c"), regex_to_ir(r"[a-e]*d"))))
+    learnt, fresh = ExprTable(ir.Grammar.of(node)), ExprTable(ir.Grammar.of(node))
+    dead = 0
+    for n in range(6):
+        for text in itertools.product(b"abcde", repeat=n):
+            s, f = learnt.start, fresh.start
+            for b in text:
+                s, f = learnt.derive(s, b), fresh.derive(f, b)
+            if s == NOTHING:
+                continue
+            expected = fresh._search_min(f) != INFINITE
+            assert learnt.is_live(s) == expected, bytes(text)
+            dead += not expected
+    assert dead > 0  # some prefixes can never be completed: the dead branch is exercised
