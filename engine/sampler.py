@@ -99,5 +99,5 @@ def sample(
     top_p = torch.as_tensor([p.top_p for p in params], dtype=torch.float32, device=dev) if filtered else None
     step = torch.as_tensor([step_seed(s, d) for s, d in zip(seeds, draws)], dtype=torch.int64, device=dev)
     tokens, _ = _fused_sample(logits, bitmask, index, temperature=temperature, top_k=top_k, top_p=top_p,
-                              seeds=step)
+                              seeds=step, max_top_k=max(p.top_k for p in params) if filtered else None)
     return tokens
