@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -56,7 +56,8 @@ class Request:
 
     ``prompt`` is user text (wrapped in the chat template when the model has one, unless
     ``chat=False``) or a list of token ids used as is. At most one of ``json_schema``, ``regex``,
-    ``grammar`` (Lark text) and ``choices`` may be set.
+    ``grammar`` (Lark text) and ``choices`` may be set; ``json_options`` go to the JSON Schema
+    compiler (``property_order="declared"``, ``strict_properties=True``, ``whitespace=...``).
     """
 
     prompt: str | list[int]
@@ -73,9 +74,10 @@ class Request:
     chat: bool | None = None
     stop_token_ids: Sequence[int] | None = None
     budget_close: bool = True
+    json_options: Mapping[str, Any] | None = None
 
     def constraint(self) -> Constraint | None:
-        return Constraint.from_args(self.json_schema, self.regex, self.grammar, self.choices)
+        return Constraint.from_args(self.json_schema, self.regex, self.grammar, self.choices, self.json_options)
 
 
 class Engine:
@@ -163,19 +165,22 @@ class Engine:
         top_k: int = 0,
         seed: int | None = None,
         system: str | None = None,
+        json_options: Mapping[str, Any] | None = None,
         on_length: Literal["return", "raise"] = "return",
         on_result: Callable[[int, GenerationResult], None] | None = None,
     ) -> GenerationResult | list[GenerationResult]:
         """Generate for one prompt (returns one result) or a list (returns a list).
 
         All prompts share the constraint and sampling settings; use ``run`` for mixed batches.
+        ``json_options`` are JSON Schema compiler options (see ``constrain.compile_json_schema``).
         With a seed, request ``i`` uses ``seed + i`` so that batched prompts do not all draw the
         same random numbers.
         """
         single = isinstance(prompts, str)
         items = [prompts] if single else list(prompts)
         reqs = [Request(p, json_schema, regex, grammar, choices, max_tokens, temperature, top_p, top_k,
-                        None if seed is None else seed + i, system) for i, p in enumerate(items)]
+                        None if seed is None else seed + i, system, json_options=json_options)
+                for i, p in enumerate(items)]
         results = self.run(reqs, on_result)
         if on_length == "raise":
             for res in results:
@@ -197,6 +202,7 @@ class Engine:
 
         Returns a validated pydantic instance (or a dict for a dict schema); a list of them when
         ``text`` is a list. Raises ``ExtractionError`` when the budget runs out or validation fails.
+        ``sampling`` goes to ``generate`` (``temperature``, ``seed``, ``json_options``...).
         """
         single = isinstance(text, str)
         texts = [text] if single else list(text)

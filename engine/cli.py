@@ -38,6 +38,10 @@ def _add_constraint_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--regex", metavar="PATTERN", help="regular expression the whole output must match")
     g.add_argument("--grammar", metavar="FILE", help="Lark grammar file (or the name of a built-in grammar)")
     g.add_argument("--choice", action="append", metavar="TEXT", help="allowed output (repeat for each choice)")
+    p.add_argument("--property-order", choices=("any", "declared"), default=None,
+                   help="with --json-schema: object members in any order (default) or in the order of 'properties'")
+    p.add_argument("--strict-properties", action="store_true",
+                   help="with --json-schema: no keys beyond the declared ones unless the schema allows them explicitly")
     p.add_argument("--model", metavar="PATH", help="model folder or .gguf file (default: SmolLM2-135M-Instruct demo)")
     p.add_argument("-v", "--verbose", action="count", default=0, help="-v: progress info, -vv: debug")
 
@@ -91,12 +95,17 @@ def _grammar_text(arg: str) -> str:
 
 def constraint_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The constraint as ``Engine.generate`` keyword arguments (empty: unconstrained)."""
+    options = {k: v for k, v in (("property_order", args.property_order),
+                                 ("strict_properties", args.strict_properties or None)) if v is not None}
+    if options and not args.json_schema:
+        raise UsageError("--property-order and --strict-properties need --json-schema")
     if args.json_schema:
         text = _read_text(args.json_schema, "JSON Schema")
         try:
-            return {"json_schema": json.loads(text)}
+            schema = json.loads(text)
         except json.JSONDecodeError as exc:
             raise UsageError(f"{args.json_schema} is not valid JSON: {exc}") from exc
+        return {"json_schema": schema, "json_options": options} if options else {"json_schema": schema}
     if args.regex is not None:
         return {"regex": args.regex}
     if args.grammar:

@@ -8,7 +8,7 @@ combinations the same way. Compilation itself is constrain's (cached there per v
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,11 +49,14 @@ def schema_dict(schema: Any) -> dict[str, Any] | bool:
 
 @dataclass(frozen=True)
 class Constraint:
-    """One constraint: ``kind`` and its source (schema dict, pattern, grammar text, choices)."""
+    """One constraint: ``kind`` and its source (schema dict, pattern, grammar text, choices);
+    ``options`` are JSON Schema front-end options (``constrain.compile_json_schema``'s keywords,
+    e.g. ``property_order="declared"``, ``strict_properties=True``)."""
 
     kind: ConstraintKind
     source: Any
     start: str = "start"
+    options: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def from_args(
@@ -62,12 +65,15 @@ class Constraint:
         regex: str | None = None,
         grammar: str | None = None,
         choices: Sequence[str] | None = None,
+        json_options: Mapping[str, Any] | None = None,
     ) -> "Constraint | None":
         """At most one of the arguments; None when none is given (unconstrained)."""
         given = {k: v for k, v in (("json_schema", json_schema), ("regex", regex),
                                    ("grammar", grammar), ("choices", choices)) if v is not None}
         if len(given) > 1:
             raise ValueError(f"give at most one constraint, got {', '.join(sorted(given))}")
+        if json_options and "json_schema" not in given:
+            raise ValueError("json_options apply to a json_schema constraint only")
         if not given:
             return None
         kind, value = next(iter(given.items()))
@@ -76,12 +82,12 @@ class Constraint:
         elif kind == "choices":
             value = tuple(value)
             choices_regex(value)  # validate early
-        return cls(kind, value)  # type: ignore[arg-type]
+        return cls(kind, value, options=tuple(sorted((json_options or {}).items())))  # type: ignore[arg-type]
 
     def compile(self, vocab: Vocabulary) -> CompiledGrammar:
         """Compile against ``vocab``; raises constrain's ``GrammarError`` subclasses on bad input."""
         if self.kind == "json_schema":
-            return constrain.compile_json_schema(self.source, vocab)
+            return constrain.compile_json_schema(self.source, vocab, **dict(self.options))
         if self.kind == "regex":
             return constrain.compile_regex(self.source, vocab)
         if self.kind == "grammar":

@@ -102,3 +102,17 @@ def test_generate_jsonl_round_trip(tmp_path: Path) -> None:
     for row in rows:
         assert row["finish_reason"] == "stop" and row["valid"] is True
         assert re.fullmatch(pattern, row["text"])
+
+
+def test_json_options_need_a_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    _fails(capsys, ["generate", "--regex", "a", "--prompt", "x", "--property-order", "declared"], "need --json-schema")
+
+
+def test_declared_property_order_reaches_the_compiler(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "integer"}},
+                                  "required": ["zeta", "alpha"], "additionalProperties": False}))
+    assert main(["generate", "--json-schema", str(schema), "--property-order", "declared", "--max-tokens", "24",
+                 "--prompt", "Give alpha=1 and zeta=2 as JSON."]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["valid"] and list(row["json"]) == ["zeta", "alpha"], row
