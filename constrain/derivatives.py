@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -46,6 +46,21 @@ DEFAULT_MAX_STATES = 2_000_000
 
 class StateLimitError(GrammarError):
     """The constraint needs more automaton states than the configured limit allows."""
+
+
+class _Unordered(NamedTuple):
+    """An ``ir.Unordered`` node as interned expressions; its states are ``(index, seen, count)``."""
+
+    items: tuple[int, ...]
+    required: int  # bitmask over items
+    extra: int
+    first: int
+    sep: int
+    last: int
+    lo: int
+    hi: int | None
+    item_mins: list[float]  # shortest lengths (lower bounds, as for rules)
+    part_mins: tuple[float, float, float, float]  # extra, first, sep, last
 
 
 class ExprTable:
@@ -77,11 +92,10 @@ class ExprTable:
         self._rule_nodes = list(grammar.rules.values())
         self._rule_body: list[int | None] = [None] * len(self._rule_nodes)
         self._rule_min = grammar.min_lengths
-        # Unordered nodes: (items, required bitmask, extra, first, sep, last, min, max, shortest
-        # lengths of the items, shortest lengths of extra/first/sep/last)
-        self._unordered: list[tuple] = []
+        self._unordered: list[_Unordered] = []
         self._unordered_body: dict[int, int] = {}
         self._first: dict[int, int] = {}
+        self._first_busy: set[int] = set()
         self._min: dict[int, float] = {}
         # Keyed by identity: equal-but-distinct subtrees would cost a deep __eq__ per lookup, and
         # interning merges them anyway.
@@ -335,9 +349,9 @@ class ExprTable:
         if got is not None:
             return got
         with self.lock:
-            if e in self._expanding:  # only left recursion cycles here; stay a superset
+            if e in self._first_busy:  # only left recursion cycles here; stay a superset
                 return ALL_BYTES
-            self._expanding.add(e)
+            self._first_busy.add(e)
             try:
                 k, a = self._kind[e], self._args[e]
                 if k in (K_BYTES, K_MARK):
@@ -363,22 +377,22 @@ class ExprTable:
                 else:  # complement, DEP
                     out = ALL_BYTES
             finally:
-                self._expanding.discard(e)
+                self._first_busy.discard(e)
             self._first[e] = out
             return out
 
     def _unordered_first(self, e: int) -> int:
         d, seen, count = self._args[e]
-        items, required, extra, first, sep, last, lo, hi, _, _ = self._unordered[d]
-        out = self.first_bytes(last) if count and required & ~seen == 0 and count >= lo else 0
-        if hi is None or count < hi:
-            lead = first if count == 0 else sep
+        u = self._unordered[d]
+        out = self.first_bytes(u.last) if count and u.required & ~seen == 0 and count >= u.lo else 0
+        if u.hi is None or count < u.hi:
+            lead = u.first if count == 0 else u.sep
             out |= self.first_bytes(lead)
             if self.nullable(lead):
-                for j, item in enumerate(items):
+                for j, item in enumerate(u.items):
                     if not seen >> j & 1:
                         out |= self.first_bytes(item)
-                out |= self.first_bytes(extra)
+                out |= self.first_bytes(u.extra)
         return out
 
     def is_framed(self, e: int) -> bool:
@@ -416,16 +430,16 @@ class ExprTable:
         NOTHING when it cannot be completed: a required item cannot match, or the member count
         bounds can no longer be met (only these can change along the way, so later states of an
         Unordered without count bounds need no check)."""
-        lo, hi = self._unordered[d][6:8]
-        if (seen == count == 0 or lo or hi is not None) and self._unordered_min(d, seen, count) == INFINITE:
+        u = self._unordered[d]
+        if (seen == count == 0 or u.lo or u.hi is not None) and self._unordered_min(d, seen, count) == INFINITE:
             return NOTHING
         return self._new(K_UNORDERED, (d, seen, count), None, False)
 
     def _unordered_min(self, d: int, seen: int, count: int) -> float:
         """A lower bound, like a rule's (see ``rule_min_lengths``): states are searched exactly."""
-        items, required, _, _, _, _, lo, hi, mins, (extra, first, sep, last) = self._unordered[d]
-        return ir.unordered_min_length(mins, [bool(required >> j & 1) for j in range(len(items))], extra,
-                                       (first, sep, last), lo, hi, seen, count)
+        u = self._unordered[d]
+        extra, first, sep, last = u.part_mins
+        return ir.unordered_min_length(u.item_mins, u.required, extra, (first, sep, last), u.lo, u.hi, seen, count)
 
     def _expand_unordered(self, e: int) -> int:
         """One step of an Unordered state: close here, or write one more member.
@@ -437,19 +451,19 @@ class ExprTable:
         if body is not None:
             return body
         d, seen, count = self._args[e]
-        items, required, extra, first, sep, last, lo, hi, _, _ = self._unordered[d]
+        u = self._unordered[d]
         options = []
-        if required & ~seen == 0 and count >= lo:
-            options.append(EMPTY if count == 0 else last)
-        if hi is None or count < hi:
-            lead = first if count == 0 else sep
-            nxt = min(count + 1, max(1, lo, hi or 0))  # counts past every bound behave alike
-            for j, item in enumerate(items):
+        if u.required & ~seen == 0 and count >= u.lo:
+            options.append(EMPTY if count == 0 else u.last)
+        if u.hi is None or count < u.hi:
+            lead = u.first if count == 0 else u.sep
+            nxt = min(count + 1, max(1, u.lo, u.hi or 0))  # counts past every bound behave alike
+            for j, item in enumerate(u.items):
                 if not seen >> j & 1 and item != NOTHING:
                     member = self._mk_frame(self._mk_seq(lead, item))
                     options.append(self._mk_seq(member, self._mk_unordered(d, seen | 1 << j, nxt)))
-            if extra != NOTHING:
-                member = self._mk_frame(self._mk_seq(lead, extra))
+            if u.extra != NOTHING:
+                member = self._mk_frame(self._mk_seq(lead, u.extra))
                 options.append(self._mk_seq(member, self._mk_unordered(d, seen, nxt)))
         body = self._unordered_body[e] = self._mk_alt(options)
         return body
@@ -476,12 +490,11 @@ class ExprTable:
         elif isinstance(node, ir.Repeat):
             out = self._mk_repeat(self._convert(node.item), node.min, node.max)
         elif isinstance(node, ir.Unordered):
-            items = tuple(self._convert(i) for i in node.items)
-            parts = [self._convert(p) for p in (node.extra, node.first, node.sep, node.last)]
-            required = sum(1 << j for j, r in enumerate(node.required) if r)
+            parts = (node.extra, node.first, node.sep, node.last)
             size = MinLength(self._rule_min)
-            self._unordered.append((items, required, *parts, node.min, node.max, [size(i) for i in node.items],
-                                    tuple(size(p) for p in (node.extra, node.first, node.sep, node.last))))
+            self._unordered.append(_Unordered(
+                tuple(self._convert(i) for i in node.items), node.required_mask(), *[self._convert(p) for p in parts],
+                node.min, node.max, [size(i) for i in node.items], tuple(size(p) for p in parts)))
             out = self._mk_unordered(len(self._unordered) - 1, 0, 0)
         elif isinstance(node, ir.Ref):
             rule = self._rule_ids.get(node.name)
@@ -515,9 +528,8 @@ class ExprTable:
                 if k == K_REF:
                     n = self.nullable(self._body(a[0]))
                 elif k == K_UNORDERED:  # may close here (members cannot be empty: see Unordered)
-                    d, seen, count = a
-                    _, required, _, _, _, last, lo = self._unordered[d][:7]
-                    n = required & ~seen == 0 and count >= lo and (count == 0 or self.nullable(last))
+                    u, seen, count = self._unordered[a[0]], a[1], a[2]
+                    n = u.required & ~seen == 0 and count >= u.lo and (count == 0 or self.nullable(u.last))
                 elif k == K_FRAME:
                     n = self.nullable(a[0])
                 elif k == K_SEQ:
@@ -721,8 +733,7 @@ class ExprTable:
         while frontier and len(parent) < LIVENESS_BUDGET:
             nxt = []
             for s in frontier:
-                if s != e and (not self._boolean[s] or self._live.get(s) or self.nullable(s)) or (
-                        s == e and self.nullable(s)):
+                if self.nullable(s) or (s != e and (not self._boolean[s] or self._live.get(s))):
                     while True:  # the path back to e is live
                         self._live[s] = True
                         if s == e:

@@ -167,7 +167,7 @@ class MinLength:
         elif isinstance(node, ir.Repeat):
             out = 0 if node.min == 0 else node.min * self(node.item)
         elif isinstance(node, ir.Unordered):
-            out = ir.unordered_min_length([self(i) for i in node.items], node.required, self(node.extra),
+            out = ir.unordered_min_length([self(i) for i in node.items], node.required_mask(), self(node.extra),
                                           (self(node.first), self(node.sep), self(node.last)), node.min, node.max)
         elif isinstance(node, ir.Ref):
             self.refs_seen += 1

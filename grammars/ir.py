@@ -149,6 +149,10 @@ class Unordered(Node):
     _min_length: float | None = field(default=None, init=False, compare=False, repr=False)
     __hash__ = Node.__hash__
 
+    def required_mask(self) -> int:
+        """``required`` as a bitmask over ``items`` (the form the compiler's states use)."""
+        return sum(1 << j for j, r in enumerate(self.required) if r)
+
 
 @dataclass(frozen=True)
 class Grammar:
@@ -294,20 +298,21 @@ def unordered(items: Iterable[tuple[Node, bool]], extra: Node = NOTHING, *, firs
     return Unordered(tuple(i for i, _ in kept), tuple(r for _, r in kept), extra, first, sep, last, min, max)
 
 
-def unordered_min_length(item_mins: Iterable[float], required: Iterable[bool], extra_min: float,
+def unordered_min_length(item_mins: Iterable[float], required: int, extra_min: float,
                          seps: tuple[float, float, float], lo: int, hi: int | None, seen: int = 0,
                          count: int = 0) -> float:
     """Shortest completion of an ``Unordered`` once the items in bitmask ``seen`` and ``count``
-    members in all were written; ``seps`` are the lengths of ``first``, ``sep``, ``last``.
+    members in all were written; ``required`` is a bitmask too (``Unordered.required_mask``);
+    ``seps`` are the lengths of ``first``, ``sep``, ``last``.
 
     The required items still missing, then the cheapest others until ``min`` is reached."""
     inf = float("inf")
     need, optional_mins = 0.0, []
     n_req = 0
-    for j, (m, r) in enumerate(zip(item_mins, required)):
+    for j, m in enumerate(item_mins):
         if seen >> j & 1:
             continue
-        if r:
+        if required >> j & 1:
             need += m
             n_req += 1
         elif m < inf:
@@ -316,14 +321,8 @@ def unordered_min_length(item_mins: Iterable[float], required: Iterable[bool], e
     total = n_req + more
     if hi is not None and count + total > hi:
         return inf
-    if more:
-        optional_mins.sort()
-        picks = optional_mins[:more]
-        if len(picks) < more:
-            picks += [extra_min] * (more - len(picks))
-        else:  # the extra member may be cheaper than the optional items, and repeats
-            picks = sorted(picks + [extra_min] * more)[:more]
-        need += sum(picks)
+    if more:  # the extra member repeats, and may be cheaper than the optional items
+        need += sum(sorted(optional_mins + [extra_min] * more)[:more])
     if total == 0:
         return 0 if count == 0 else seps[2]
     first, sep, last = seps

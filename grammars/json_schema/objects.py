@@ -48,7 +48,7 @@ def object_ir(t: "Translator", sh: Shape) -> Node:
     finite = _listed_names(sh)
     for k in finite or ():
         order.setdefault(k)  # every possible key declared: no key can repeat, counts stay exact
-    members: list[tuple[str, list[Sub], bool]] = []
+    members: list[tuple[str, list[Sub], Node, bool]] = []  # key, schemas, `"key":value`, required
     for k in order:
         subs = t.norm.property_subs(sh, k)
         if subs is not None and not all(t.norm.valid(k, part.names) is True for part in sh.objects if part.names):
@@ -64,12 +64,11 @@ def object_ir(t: "Translator", sh: Shape) -> Node:
             if k in required:
                 return NOTHING
             continue
-        members.append((k, subs, k in required))
+        members.append((k, subs, seq(string_literal(k), t.colon, value), k in required))
     extra = NOTHING if finite is not None else _additional_member(t, sh, list(order))
     witnesses = sh.witnesses
     if t.options.property_order == "any" and not witnesses:
-        body = unordered([(seq(string_literal(k), t.colon, t.value_rule(subs, sh.pointer + "/properties/" + k)), req)
-                          for k, subs, req in members], extra,
+        body = unordered([(member, req) for _, _, member, req in members], extra,
                          first=t.first, sep=t.comma, last=t.last, min=sh.min_props, max=sh.max_props)
         return _braces(t, body)
     if t.options.property_order == "any":
@@ -166,7 +165,7 @@ def _witness_key(t: "Translator", w: Witness, pointer: str) -> list[Node]:
     return parts
 
 
-def _members(t: "Translator", sh: Shape, members: list[tuple[str, list[Sub], bool]], extra: Node,
+def _members(t: "Translator", sh: Shape, members: list[tuple[str, list[Sub], Node, bool]], extra: Node,
              witness_extras: dict[int, Node], lo: int, hi: int | None, pointer: str) -> Node:
     """Members in order with commas, optional ones skippable, total count in [lo, hi], and every
     witness of ``sh`` present (state: members written so far, capped; witnesses seen)."""
@@ -202,8 +201,8 @@ def _members(t: "Translator", sh: Shape, members: list[tuple[str, list[Sub], boo
 
     def variants(j: int) -> list[tuple[Node, int]]:
         """Member ``j`` written plainly, or as a witness of some of ``witnesses`` (value conjoined)."""
-        key, subs, _ = members[j]
-        out = [(seq(string_literal(key), t.colon, t.value_rule(subs, pointer + "/properties/" + key)), 0)]
+        key, subs, member, _ = members[j]
+        out = [(member, 0)]
         covers = [i for i, wt in enumerate(witnesses) if wt.covers(key)]
         for mask in range(1, 1 << len(covers)):
             chosen = [covers[b] for b in range(len(covers)) if mask >> b & 1]
@@ -227,7 +226,7 @@ def _members(t: "Translator", sh: Shape, members: list[tuple[str, list[Sub], boo
                     sep = t.comma if c > 0 else t.first
                     take = [seq(sep, node, _link(t, prefix, j + 1, min(c + 1, cap), w | bits, memo, use_rules))
                             for node, bits in forms]
-                skip = NOTHING if members[j][2] else _link(t, prefix, j + 1, c, w, memo, use_rules)
+                skip = NOTHING if members[j][3] else _link(t, prefix, j + 1, c, w, memo, use_rules)
                 memo[(j, c, w)] = alt(*take, skip)
     return memo[(0, 0, 0)]
 
