@@ -6,6 +6,9 @@ logic, and costs ~450 launches per step, which is what made the eager engine ~80
 at any batch. This step reads the *same* weights (the model's own modules: norms, projections,
 MLP, rotary embedding) and the *same* ``SlotKVCache`` buffers the eager prefill writes, with
 shapes fixed by (rows, attended length), so it can be captured once per bucket and replayed.
+Between the GEMMs each layer runs four fused kernels from ``kernels.decode`` (residual add +
+RMSNorm, rotary + K/V cache write, attention, SiLU-times-up) instead of ~40 small torch ops: at
+batch 1 the launches, not the weight reads, were what kept the step far from its floor.
 
 The same code runs eagerly on the CPU (tests compare it with the eager ragged forward), so the
 graph layer on top of it stays thin.
@@ -22,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv_cache import SlotKVCache
+from kernels.decode import add_rms_norm, decode_attention, rope_store_kv, silu_mul
 
 _FAMILIES = {"llama", "mistral", "qwen2", "qwen3"}
 
@@ -67,6 +71,8 @@ class StaticDecoder:
         self.dtype = cache.keys[0].dtype
         self.qkv = [_fuse(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj) for l in self.layers]
         self.gate_up = [_fuse(l.mlp.gate_proj, l.mlp.up_proj) if _plain_mlp(l.mlp) else None for l in self.layers]
+        self.norms = [(_norm_args(l.input_layernorm), _norm_args(l.post_attention_layernorm)) for l in self.layers]
+        self.silu = getattr(cfg, "hidden_act", None) == "silu"
 
     @torch.inference_mode()
     def step(self, ids: torch.Tensor, pos: torch.Tensor, length: int) -> torch.Tensor:
@@ -75,45 +81,36 @@ class StaticDecoder:
         cache = self.cache
         nh, nkv, hd = self.heads, self.kv_heads, self.head_dim
         write = pos.clamp(max=cache.scratch)  # past the end -> scratch column
-        h = self.embed(ids.clamp(min=0)).unsqueeze(1)  # (B, 1, hidden)
+        h = self.embed(ids.clamp(min=0))  # (B, hidden)
         cos, sin = self.rotary(h, pos.unsqueeze(1))  # (B, 1, hd)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, 1, hd)
-        keys = torch.arange(length, device=ids.device)
-        mask = torch.zeros((b, 1, 1, length), dtype=torch.float32, device=ids.device)
-        mask.masked_fill_((keys.view(1, -1) > pos.view(-1, 1)).view(b, 1, 1, length), float("-inf"))
+        cos, sin = cos[:, 0], sin[:, 0]
         # Flat row index of (slot b, head j, column write[b]) in a (slots*kv, cols, hd) view.
         cols = cache.max_len + 1
         slot_head = torch.arange(b, device=ids.device).view(b, 1) * nkv + torch.arange(nkv, device=ids.device)
         flat = (slot_head * cols + write.view(b, 1)).reshape(-1)
+        delta = None  # what the last block adds to the residual stream h, folded into the next norm
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            w, bias = self.qkv[i]
-            qkv = F.linear(x[:, 0], w, bias)
-            q = qkv[:, : nh * hd].view(b, nh, 1, hd)
-            k = qkv[:, nh * hd: (nh + nkv) * hd].reshape(b, nkv, 1, hd)
-            v = qkv[:, (nh + nkv) * hd:].reshape(b, nkv, 1, hd)
-            if hasattr(attn, "q_norm"):  # Qwen3
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            x, h = add_rms_norm(h, delta, *self.norms[i][0])
+            qkv = F.linear(x, *self.qkv[i])
+            if hasattr(attn, "q_norm"):  # Qwen3: per-head norms of q and k before rotary
+                q, k, v = qkv.split((nh * hd, nkv * hd, nkv * hd), dim=-1)
+                q, k = attn.q_norm(q.view(b, nh, hd)), attn.k_norm(k.reshape(b, nkv, hd))
+                qkv = torch.cat((q.reshape(b, -1), k.reshape(b, -1), v), dim=-1)
             kb, vb = cache.keys[i], cache.values[i]
-            kb.view(-1, hd).index_copy_(0, flat, k.reshape(b * nkv, hd).to(kb.dtype))
-            vb.view(-1, hd).index_copy_(0, flat, v.reshape(b * nkv, hd).to(vb.dtype))
-            # Grouped attention without repeating K/V: the G query heads of a KV head are rows.
-            qg = q.reshape(b, nkv, nh // nkv, hd)
-            scores = torch.matmul(qg, kb[:b, :, :length].transpose(-1, -2)).float() * self.scale + mask
-            probs = torch.softmax(scores, dim=-1).to(qg.dtype)
-            out = torch.matmul(probs, vb[:b, :, :length])  # (B, kv, G, hd)
-            h = h + attn.o_proj(out.reshape(b, 1, nh * hd))
-            x = layer.post_attention_layernorm(h)
+            q = rope_store_kv(qkv, cos, sin, kb.view(-1, hd), vb.view(-1, hd), flat, nh, nkv)
+            delta = attn.o_proj(decode_attention(q, kb, vb, pos, length, self.scale))
+            x, h = add_rms_norm(h, delta, *self.norms[i][1])
+            mlp = layer.mlp
             if self.gate_up[i] is None:
-                h = h + layer.mlp(x)
+                delta = mlp(x)
+            elif self.silu:
+                delta = mlp.down_proj(silu_mul(F.linear(x, *self.gate_up[i])))
             else:
-                mlp = layer.mlp
-                gu = F.linear(x, *self.gate_up[i])
-                gate, up = gu.chunk(2, dim=-1)
-                h = h + mlp.down_proj(mlp.act_fn(gate) * up)
-        return self.head(self.norm(h)[:, 0]).float()
+                gate, up = F.linear(x, *self.gate_up[i]).chunk(2, dim=-1)
+                delta = mlp.down_proj(mlp.act_fn(gate) * up)
+        x, _ = add_rms_norm(h, delta, *_norm_args(self.norm))
+        return self.head(x).float()
 
 
 def _fuse(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -132,13 +129,11 @@ def _fuse(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]
     return weight, bias
 
 
+def _norm_args(norm: torch.nn.Module) -> tuple[torch.Tensor, float]:
+    """(weight, eps) of a transformers RMSNorm (``weight * x / rms(x)``, as every family here)."""
+    return norm.weight, float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
 def _plain_mlp(mlp: torch.nn.Module) -> bool:
     """A gated MLP ``down(act(gate(x)) * up(x))`` with bias-free gate/up (Llama, Qwen, Mistral)."""
     return all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn"))
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, half-split convention (transformers' ``rotate_half``)."""
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin

@@ -1,0 +1,108 @@
+"""Decode step of the Llama-3-8B shape on the GPU: fused layer kernels vs plain torch glue vs the floor.
+
+    python3 bench/decode_step_gpu.py --out $OUT/decode_step.json
+
+Both variants are the same ``StaticDecoder.step`` replayed from CUDA graphs (``GraphRunner``);
+"torch" runs the pure-torch twins of ``kernels.decode`` on the GPU (the glue before the fused
+kernels: ~40 launches per layer), "fused" the Triton kernels (the four GEMMs plus four kernels per
+layer). Random bf16 weights (the step's cost does not depend on their values), KV cache filled
+with random values, every row attending ``length`` columns. The floor is the weight bytes over the
+measured device-to-device copy bandwidth (``bench.engine_graph.physical_floor``). Also reported:
+how far the fused logits are from the torch ones for the same inputs (max |diff|, argmax agreement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import kernels.decode  # noqa: E402
+from bench.engine_graph import LLAMA3_8B, physical_floor  # noqa: E402
+from engine.graph_runner import GraphRunner  # noqa: E402
+
+
+def time_replays(runner: GraphRunner, rows: int, length: int, iters: int) -> float:
+    """Median ms of one replayed forward step."""
+    for _ in range(5):
+        runner.forward(rows, length)
+    times = []
+    for _ in range(iters):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        runner.forward(rows, length)
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", default="1,16,64,256")
+    ap.add_argument("--lengths", default="64,512")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--layers", type=int, default=LLAMA3_8B["num_hidden_layers"])
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    batches = [int(b) for b in args.batches.split(",")]
+    lengths = [int(n) for n in args.lengths.split(",")]
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(LlamaConfig(**dict(LLAMA3_8B, num_hidden_layers=args.layers)))
+        model = model.to(torch.bfloat16).eval()
+    rows: list[dict] = [{"model": "llama3-8b shape", "layers": args.layers, **physical_floor(model),
+                         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}]
+    print(json.dumps(rows[0]), flush=True)
+    fused_use = kernels.decode.use_triton
+    logits: dict[tuple, torch.Tensor] = {}
+    for variant in ("torch", "fused"):
+        kernels.decode.use_triton = fused_use if variant == "fused" else (lambda t: False)
+        runner = GraphRunner(model, max(batches), max(lengths), mask_words=(LLAMA3_8B["vocab_size"] + 31) // 32)
+        g = torch.Generator(device="cuda").manual_seed(1)
+        for buf in (*runner.runner.cache.keys, *runner.runner.cache.values):
+            buf.copy_(torch.randn(buf.shape, generator=g, device="cuda", dtype=torch.float32).to(buf.dtype))
+        runner.ids.copy_(torch.randint(0, 128000, runner.ids.shape, generator=g, device="cuda"))
+        for b in batches:
+            for length in lengths:
+                runner.pos.fill_(length - 1)
+                runner.capture(b, [length])
+                ms = time_replays(runner, b, length, args.iters)
+                logits[(variant, b, length)] = runner.logits[:b].clone()
+                row = {"variant": variant, "batch": b, "length": length, "step_ms": round(ms, 3),
+                       "vs_floor": round(ms / rows[0]["floor_ms"], 3)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        del runner
+        torch.cuda.empty_cache()
+    kernels.decode.use_triton = fused_use
+    for b in batches:
+        for length in lengths:
+            a, f = logits[("torch", b, length)], logits[("fused", b, length)]
+            row = {"check": "fused vs torch logits", "batch": b, "length": length,
+                   "max_abs_diff": float((a - f).abs().max()), "logit_scale": float(a.abs().max()),
+                   "argmax_equal": f"{int((a.argmax(-1) == f.argmax(-1)).sum())}/{b}"}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print("\n| batch | length | torch glue ms | fused ms | fused / floor |")
+    print("|---|---|---|---|---|")
+    for b in batches:
+        for length in lengths:
+            t, f = (next(r for r in rows if r.get("variant") == v and r.get("batch") == b and r.get("length") == length)
+                    for v in ("torch", "fused"))
+            print(f"| {b} | {length} | {t['step_ms']} | {f['step_ms']} | {f['vs_floor']}x |")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
