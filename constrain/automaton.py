@@ -167,8 +167,7 @@ class TokenAutomaton:
             if len(dependent) * SPLIT_MAX_CROSSING > self.trie.size:
                 cached = SPLIT_DOES_NOT_PAY  # most tokens cross: a plain walk is cheaper
             else:
-                sub = TokenTrie(self.token_bytes, only=dependent.tolist()) if len(dependent) else None
-                cached = (inside, sub)
+                cached = (inside, self.trie.restrict(dependent))
             with _tries_lock:
                 heads[key] = cached
                 while len(heads) > self._mask_cache_size:
@@ -176,7 +175,7 @@ class TokenAutomaton:
         if cached is SPLIT_DOES_NOT_PAY:
             return None
         inside, sub = cached
-        crossing_tokens = self.transitions(state, sub)[0] if sub is not None else np.zeros(0, np.int32)
+        crossing_tokens = self.transitions(state, sub)[0]
         return inside | self._pack(crossing_tokens, self.is_accepting(state))
 
     def transitions(self, state: int, trie: TokenTrie | None = None) -> tuple[np.ndarray, np.ndarray]:
