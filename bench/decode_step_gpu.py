@@ -8,7 +8,8 @@ kernels: ~40 launches per layer), "fused" the Triton kernels (the four GEMMs plu
 layer). Random bf16 weights (the step's cost does not depend on their values), KV cache filled
 with random values, every row attending ``length`` columns. The floor is the weight bytes over the
 measured device-to-device copy bandwidth (``bench.engine_graph.physical_floor``). Also reported:
-how far the fused logits are from the torch ones for the same inputs (max |diff|, argmax agreement).
+each kernel against its twin on the GPU at the model's shapes (max |diff|, share of elements that
+differ at all), and how far the fused logits end up from the torch ones after 32 layers.
 """
 
 from __future__ import annotations
@@ -44,6 +45,48 @@ def time_replays(runner: GraphRunner, rows: int, length: int, iters: int) -> flo
     return statistics.median(times)
 
 
+def kernel_checks(batches: list[int], length: int) -> list[dict]:
+    """Each fused kernel vs its twin on the GPU, bf16, Llama-3-8B shapes."""
+    from kernels.decode import (add_rms_norm, add_rms_norm_ref, decode_attention, decode_attention_ref,
+                                rope_store_kv, rope_store_kv_ref, silu_mul, silu_mul_ref)
+
+    cfg = LLAMA3_8B
+    hid, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd, inter = hid // nh, cfg["intermediate_size"]
+    g = torch.Generator(device="cuda").manual_seed(2)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=g, device="cuda").to(torch.bfloat16)
+
+    def diff(a: torch.Tensor, b: torch.Tensor) -> dict:
+        return {"max_abs_diff": float((a.float() - b.float()).abs().max()),
+                "share_differing": round(float((a != b).float().mean()), 5)}
+
+    rows = []
+    for b in batches:
+        h, d, w = rnd(b, hid), rnd(b, hid), rnd(hid)
+        rows.append({"kernel": "add_rms_norm", "batch": b, **diff(add_rms_norm(h, d, w, 1e-5)[0],
+                                                                  add_rms_norm_ref(h, d, w, 1e-5)[0])})
+        qkv, cos, sin = rnd(b, (nh + 2 * nkv) * hd), rnd(b, hd), rnd(b, hd)
+        cols = length + 1
+        keys, values = rnd(b, nkv, cols, hd), rnd(b, nkv, cols, hd)
+        pos = torch.randint(0, length, (b,), generator=g, device="cuda")
+        flat = ((torch.arange(b, device="cuda").view(b, 1) * nkv + torch.arange(nkv, device="cuda")) * cols
+                + pos.view(b, 1)).reshape(-1)
+        k2, v2 = keys.clone(), values.clone()
+        q1 = rope_store_kv(qkv, cos, sin, keys.view(-1, hd), values.view(-1, hd), flat, nh, nkv)
+        q2 = rope_store_kv_ref(qkv, cos, sin, k2.view(-1, hd), v2.view(-1, hd), flat, nh, nkv)
+        rows.append({"kernel": "rope_store_kv (q)", "batch": b, **diff(q1, q2)})
+        rows.append({"kernel": "rope_store_kv (cache)", "batch": b, **diff(keys, k2)})
+        pos_full = torch.full((b,), length - 1, device="cuda")
+        rows.append({"kernel": "decode_attention", "batch": b, "length": length,
+                     **diff(decode_attention(q1, keys, values, pos_full, length, hd ** -0.5),
+                            decode_attention_ref(q1, keys, values, pos_full, length, hd ** -0.5))})
+        gu = rnd(b, 2 * inter)
+        rows.append({"kernel": "silu_mul", "batch": b, **diff(silu_mul(gu), silu_mul_ref(gu))})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="1,16,64,256")
@@ -63,6 +106,9 @@ def main() -> None:
     rows: list[dict] = [{"model": "llama3-8b shape", "layers": args.layers, **physical_floor(model),
                          "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}]
     print(json.dumps(rows[0]), flush=True)
+    for row in kernel_checks(batches, max(lengths)):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     fused_use = kernels.decode.use_triton
     logits: dict[tuple, torch.Tensor] = {}
     for variant in ("torch", "fused"):

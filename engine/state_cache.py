@@ -10,7 +10,10 @@ Misses (a (state, token) pair or a next state the table does not hold yet) are r
 in one batch per step. The first miss out of a state also loads *all* its transitions in one
 vectorised call (``state_transitions``), so later steps through that state need no host work:
 - small states (keys, punctuation, enum values: few tokens, few next states): every pair goes
-  into the hash and the rows of all next states are stored;
+  into the hash; a next state's mask row is stored when a row first reaches it (the table
+  reports a pair whose target row is absent as a miss), because computing the rows of all up
+  to 64 targets up front cost 15-20 ms of host time per expansion, mostly for states no
+  sequence ever visits;
 - wide states (string bodies: ~120k allowed tokens, ~99% of them back into the same state):
   the most common next state becomes the state's *default* (``StateTable.set_default``) and only
   the other pairs (a few hundred to a few thousand) are hashed. Hashing all ~120k pairs instead
@@ -127,7 +130,7 @@ class StateCache:
                                        torch.from_numpy(np.asarray(toks, dtype=np.int64)[keep]),
                                        torch.from_numpy(targets))
         if dflt is None:
-            return list(glob.values())
+            return []  # targets' rows are stored on first visit (see the module docstring)
         # after every exception is hashed: from now on no token of gid misses (bar new rows)
         self.defaults += 1
         self._default[gid] = glob[dflt]

@@ -15,6 +15,8 @@ eager arithmetic: CPU callers run it, and tests hold the kernels to it.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ._common import HAS_TRITON, tl, triton, use_triton
@@ -145,39 +147,82 @@ if HAS_TRITON:
             tl.store(v_ptr + row * D + half + offs, v2.to(v_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
-    def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, length, scale,
+    def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, length, span, scale,
                                  stride_slot, stride_head, stride_col,
-                                 HEADS: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
-                                 BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-        """One (row, query head) per program: online softmax over the row's live columns."""
+                                 HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+                                 D: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr,
+                                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+        """(row, KV head, split) per program: the GROUP query heads of a KV head are the rows of
+        one tensor-core dot, so K and V are read once per KV head; online softmax over the split's
+        ``span`` columns. With SPLITS > 1 the partial (max, sum, acc) go to scratch for the merge.
+        Operands are widened to float32: a bf16/fp16 value is exact in TF32, so the default TF32
+        dot equals a bf16 one (IEEE is asked for float32 models)."""
         b = tl.program_id(0).to(tl.int64)
-        hq = tl.program_id(1)
-        kvh = (hq // GROUP).to(tl.int64)
+        kvh = tl.program_id(1).to(tl.int64)
+        sp = tl.program_id(2)
+        offs_g = tl.arange(0, BLOCK_G)
         offs_d = tl.arange(0, BLOCK_D)
-        md = offs_d < D
-        q = tl.load(q_ptr + (b * HEADS + hq) * D + offs_d, mask=md, other=0.0).to(tl.float32)
+        mg, md = offs_g < GROUP, offs_d < D
+        heads = b * HEADS + kvh * GROUP + offs_g
+        q = tl.load(q_ptr + heads[:, None] * D + offs_d[None, :], mask=mg[:, None] & md[None, :], other=0.0).to(tl.float32)
         dt = q_ptr.dtype.element_ty
         end = tl.minimum(tl.load(pos_ptr + b) + 1, length)  # columns past pos are masked anyway
+        lo = sp * span
+        hi = tl.minimum(lo + span, end)
         base = b * stride_slot + kvh * stride_head
-        m_i = tl.max(tl.full([BLOCK_N], -float("inf"), tl.float32), 0)  # fp32 scalars, loop-carried
-        l_i = tl.sum(tl.zeros([BLOCK_N], tl.float32), 0)
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-        for start in range(0, end, BLOCK_N):
+        m_i = tl.full([BLOCK_G], -float("inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for start in range(lo, hi, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
-            mc = cols < end
+            mc = cols < hi
             offs = base + cols[:, None].to(tl.int64) * stride_col + offs_d[None, :]
             k = tl.load(k_ptr + offs, mask=mc[:, None] & md[None, :], other=0.0).to(tl.float32)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
             # scores rounded to the model dtype first, as the eager matmul returns them
-            s = tl.sum(k * q[None, :], 1).to(dt).to(tl.float32) * scale
-            s = tl.where(mc, s, -float("inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 0))
+            s = s.to(dt).to(tl.float32) * scale
+            s = tl.where(mc[None, :], s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new)
+            p = tl.exp(s - m_new[:, None])
             v = tl.load(v_ptr + offs, mask=mc[:, None] & md[None, :], other=0.0).to(tl.float32)
-            acc = acc * alpha + tl.sum(p[:, None] * v, 0)
-            l_i = l_i * alpha + tl.sum(p, 0)
+            pr = p.to(dt).to(tl.float32)
+            if IEEE:
+                pv = tl.dot(pr, v, input_precision="ieee")
+            else:
+                pv = tl.dot(pr, v)
+            acc = acc * alpha[:, None] + pv
+            l_i = l_i * alpha + tl.sum(p, 1)
             m_i = m_new
-        tl.store(out_ptr + (b * HEADS + hq) * D + offs_d, (acc / l_i).to(dt), mask=md)
+        if SPLITS == 1:
+            tl.store(out_ptr + heads[:, None] * D + offs_d[None, :], (acc / l_i[:, None]).to(dt),
+                     mask=mg[:, None] & md[None, :])
+        else:
+            part = ((b * KV_HEADS + kvh) * SPLITS + sp) * BLOCK_G + offs_g
+            tl.store(m_ptr + part, m_i)
+            tl.store(l_ptr + part, l_i)
+            tl.store(acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :], acc)
+
+    @triton.jit
+    def _merge_splits_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                             GROUP: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+                             BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+        """One (row, query head) per program: softmax-weighted sum of its splits' partials."""
+        b = tl.program_id(0).to(tl.int64)
+        hq = tl.program_id(1)
+        kvh, g = hq // GROUP, hq % GROUP
+        offs_s = tl.arange(0, SPLITS)
+        offs_d = tl.arange(0, BLOCK_D)
+        part = ((b * KV_HEADS + kvh) * SPLITS + offs_s) * BLOCK_G + g
+        m = tl.load(m_ptr + part)
+        w = tl.exp(m - tl.max(m, 0))  # splits with no columns have m = -inf: weight 0
+        l = tl.sum(tl.load(l_ptr + part) * w, 0)
+        acc = tl.load(acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :])
+        out = tl.sum(acc * w[:, None], 0) / l
+        tl.store(out_ptr + (b * HEADS + hq) * D + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < D)
 
     @triton.jit
     def _silu_mul_kernel(gu_ptr, out_ptr, n, BLOCK: tl.constexpr):
@@ -224,16 +269,40 @@ def rope_store_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys:
 
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor,
                      length: int, scale: float) -> torch.Tensor:
-    """Attention of one new token per row over its cached columns (see the twin)."""
+    """Attention of one new token per row over its cached columns (see the twin).
+
+    Splits the columns across programs when rows x KV heads alone would leave most of the GPU
+    idle (batch 1: 8 programs for 132 SMs); a second small kernel merges the splits.
+    """
     if not use_triton(q):
         return decode_attention_ref(q, keys, values, pos, length, scale)
     b, h, d = q.shape
     kv = keys.shape[1]
+    block_n, block_d = 64, triton.next_power_of_2(d)
+    block_g = max(16, triton.next_power_of_2(h // kv))  # tensor-core dots need 16 rows
+    splits = 1
+    while b * kv * splits < 2 * _sm_count(q.device) and splits * 2 * block_n <= length:
+        splits *= 2
+    span = triton.cdiv(triton.cdiv(length, splits), block_n) * block_n
     out = torch.empty((b, h * d), dtype=q.dtype, device=q.device)
-    _decode_attention_kernel[(b, h)](
-        q.contiguous(), keys, values, pos, out, length, scale, keys.stride(0), keys.stride(1), keys.stride(2),
-        HEADS=h, GROUP=h // kv, D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_N=32, num_warps=2)
+    shape = (b, kv, splits, block_g)
+    m = torch.empty(shape if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    l_ = torch.empty_like(m)
+    acc = torch.empty((*shape, block_d) if splits > 1 else (1,), dtype=torch.float32, device=q.device)
+    _decode_attention_kernel[(b, kv, splits)](
+        q.contiguous(), keys, values, pos, out, m, l_, acc, length, span, scale,
+        keys.stride(0), keys.stride(1), keys.stride(2), HEADS=h, KV_HEADS=kv, GROUP=h // kv, D=d, SPLITS=splits,
+        IEEE=q.dtype == torch.float32, BLOCK_G=block_g, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=4)
+    if splits > 1:
+        _merge_splits_kernel[(b, h)](m, l_, acc, out, HEADS=h, KV_HEADS=kv, GROUP=h // kv, D=d, SPLITS=splits,
+                                      BLOCK_G=block_g, BLOCK_D=block_d, num_warps=1)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (the interpreter on a CPU: pretend 4)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -124,13 +124,15 @@ def test_rope_store_kv_kernel(dtype: torch.dtype, h: int, kv: int, d: int) -> No
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("h,kv,d,length", [(4, 2, 16, 70), (3, 3, 64, 32), (8, 1, 32, 5)])
-def test_decode_attention_kernel(dtype: torch.dtype, h: int, kv: int, d: int, length: int) -> None:
+@pytest.mark.parametrize("b,h,kv,d,length", [(4, 4, 2, 16, 70), (4, 3, 3, 64, 32), (4, 8, 1, 32, 5),
+                                              (1, 4, 2, 16, 300), (1, 8, 1, 32, 1000)])  # batch 1: split columns
+def test_decode_attention_kernel(dtype: torch.dtype, b: int, h: int, kv: int, d: int, length: int) -> None:
     g = _gen(h * 1000 + length)
-    b, cols = 4, 80
+    cols = max(80, length + 1)
     q = torch.randn(b, h, d, generator=g).to(dtype)
     keys, values = _cache(5, kv, cols, d, dtype, g)
-    pos = torch.tensor([0, length // 2, length - 1, cols])  # first column only .. padding row
+    # first column only .. padding row past the cache; batch 1: a row whose columns end mid-split
+    pos = torch.tensor([0, length // 2, length - 1, cols]) if b == 4 else torch.tensor([length - 70])
     got = decode_attention(q.to(DEVICE), keys.to(DEVICE), values.to(DEVICE), pos.to(DEVICE), length, d ** -0.5)
     want = decode_attention_ref(q, keys, values, pos, length, d ** -0.5)
     assert torch.allclose(got.cpu().float(), want.float(), **TOL[dtype])
