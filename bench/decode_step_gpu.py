@@ -15,6 +15,7 @@ differ at all), and how far the fused logits end up from the torch ones after 32
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -77,6 +78,20 @@ def kernel_checks(batches: list[int], length: int) -> list[dict]:
         q1 = rope_store_kv(qkv, cos, sin, keys.view(-1, hd), values.view(-1, hd), flat, nh, nkv)
         q2 = rope_store_kv_ref(qkv, cos, sin, k2.view(-1, hd), v2.view(-1, hd), flat, nh, nkv)
         rows.append({"kernel": "rope_store_kv (q)", "batch": b, **diff(q1, q2)})
+        # which rounding each side does: two products rounded to bf16 then a rounded sum, or one rounding
+        qf = qkv[:, : nh * hd].view(b, nh, hd).float()
+        x1, x2 = qf[..., : hd // 2], qf[..., hd // 2:]
+        c, s_ = cos.float().view(b, 1, hd), sin.float().view(b, 1, hd)
+        c1, c2, s1, s2 = c[..., : hd // 2], c[..., hd // 2:], s_[..., : hd // 2], s_[..., hd // 2:]
+
+        def r(t: torch.Tensor) -> torch.Tensor:
+            return t.to(torch.bfloat16).float()
+
+        twice = torch.cat((r(r(x1 * c1) + r(-x2 * s1)), r(r(x2 * c2) + r(x1 * s2))), -1).to(torch.bfloat16)
+        once = torch.cat((r(x1 * c1 - x2 * s1), r(x2 * c2 + x1 * s2)), -1).to(torch.bfloat16)
+        rows.append({"kernel": "rope rounding", "batch": b, "kernel_vs_twice": diff(q1, twice)["share_differing"],
+                     "kernel_vs_once": diff(q1, once)["share_differing"], "twin_vs_twice": diff(q2, twice)["share_differing"],
+                     "twin_vs_once": diff(q2, once)["share_differing"]})
         rows.append({"kernel": "rope_store_kv (cache)", "batch": b, **diff(keys, k2)})
         pos_full = torch.full((b,), length - 1, device="cuda")
         rows.append({"kernel": "decode_attention", "batch": b, "length": length,
@@ -130,6 +145,28 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
         del runner
         torch.cuda.empty_cache()
+    # A float32 copy of the same model, same inputs, run eagerly: how far each bf16 variant is from it.
+    kernels.decode.use_triton = lambda t: False  # the reference runs the plain torch arithmetic
+    ref_model = copy.deepcopy(model).float()
+    runner = GraphRunner(ref_model, max(batches), max(lengths), mask_words=(LLAMA3_8B["vocab_size"] + 31) // 32,
+                         use_graphs=False)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for buf in (*runner.runner.cache.keys, *runner.runner.cache.values):
+        buf.copy_(torch.randn(buf.shape, generator=g, device="cuda", dtype=torch.float32).to(torch.bfloat16))
+    runner.ids.copy_(torch.randint(0, 128000, runner.ids.shape, generator=g, device="cuda"))
+    for b in batches:
+        for length in lengths:
+            runner.pos.fill_(length - 1)
+            runner.forward(b, length)
+            ref = runner.logits[:b].clone()
+            row = {"check": "bf16 variants vs the float32 model", "batch": b, "length": length}
+            for variant in ("torch", "fused"):
+                got = logits[(variant, b, length)]
+                row[f"{variant}_max_abs_err"] = round(float((got - ref).abs().max()), 4)
+                row[f"{variant}_argmax_equal"] = f"{int((got.argmax(-1) == ref.argmax(-1)).sum())}/{b}"
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    del runner, ref_model
     kernels.decode.use_triton = fused_use
     for b in batches:
         for length in lengths:
