@@ -263,7 +263,8 @@ def rope_store_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys:
     q = torch.empty((b, heads, d), dtype=qkv.dtype, device=qkv.device)
     _rope_store_kv_kernel[(b, heads + kv_heads)](
         qkv.contiguous(), cos.contiguous(), sin.contiguous(), q, keys, values, rows,
-        HEADS=heads, KV_HEADS=kv_heads, D=d, HALF_BLOCK=triton.next_power_of_2(d // 2), num_warps=1)
+        HEADS=heads, KV_HEADS=kv_heads, D=d, HALF_BLOCK=triton.next_power_of_2(d // 2), num_warps=1,
+        enable_fp_fusion=False)  # fused multiply-adds would skip the product roundings (measured: 24% off by an ulp)
     return q
 
 
