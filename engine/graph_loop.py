@@ -8,7 +8,9 @@ either), different division of work:
   advances the state on the GPU. The host reads back (token, state, miss) once per step and only
   works on misses (a state or transition seen for the first time: computed by constrain,
   stored, never missed again; a state's transitions are loaded in bulk on its first miss, see
-  ``StateCache``) and on finished rows.
+  ``StateCache``) and on finished rows. A miss is resolved during the *next* step's forward
+  (which reads tokens, not states) and patched in before that step's sample, so host work for
+  new states overlaps the GPU instead of stalling it.
 - ``mode="host"``: per-row matcher objects fill a bitmask on the host each step, while the
   forward graph runs; the mask goes to the GPU and the captured sampler applies it. This is how
   xgrammar and llguidance are driven in the benchmark (and constrain's own ``Matcher``, for a
@@ -93,6 +95,7 @@ class GraphScheduler:
         pin = runner.device.type == "cuda"
         self._host_masks = torch.full(runner.masks.shape, -1, dtype=torch.int32, pin_memory=pin)
         self._state_of: list[int] = []  # table mode: each row's current state (host mirror)
+        self._pending: list[tuple[int, int, int]] = []  # table mode: (row, state, token) misses to resolve
         self._next_id = 0
         self.steps = 0
 
@@ -146,8 +149,10 @@ class GraphScheduler:
         run = self.runner
         need = 1 + max(len(r.request.prompt_ids) + len(r.generated) for r in self.rows if r.finish_reason is None)
         run.forward(b, run.length_bucket(need))
+        # Host work for the constraint runs while the forward computes: it does not read states.
         if self.mode == "host":
             self._fill_host_masks(0, n)
+        self._resolve_pending()
         run.sample(b, self.mode, self.cache.table if self.cache else None)
         self.steps += 1
         return self._process(0, n, run.fetch(n).numpy())
@@ -209,15 +214,23 @@ class GraphScheduler:
             idx = [int(i) for i in np.nonzero(miss)[0] if self.rows[lo + i].finish_reason is None]
             resolve = [i for i in idx if int(tokens[i]) not in self._eos]
             if resolve:
+                # Resolved during the next forward (``step``), except for rows that end here by
+                # their budget: their finish reason needs the state now.
                 prev = self._prev_states(lo, resolve)
-                nxt = self.cache.resolve(prev, [int(tokens[i]) for i in resolve])
-                for i, s in zip(resolve, nxt):
-                    if s < 0:
-                        raise RuntimeError(f"row {lo + i}: token {int(tokens[i])} not allowed by its "
-                                           "constraint (mask and grammar disagree: a bug, please report)")
-                    states[i] = s
-                    patch_rows.append(lo + i)
-                    patch_states.append(s)
+                now = []
+                for i, p in zip(resolve, prev):
+                    r = self.rows[lo + i]
+                    if len(r.generated) + 1 >= r.request.max_tokens:
+                        now.append((i, p))
+                    else:
+                        self._pending.append((lo + i, p, int(tokens[i])))
+                if now:
+                    nxt = self._resolve([lo + i for i, _ in now], [p for _, p in now],
+                                        [int(tokens[i]) for i, _ in now])
+                    for (i, _), s in zip(now, nxt):
+                        states[i] = s
+                        patch_rows.append(lo + i)
+                        patch_states.append(s)
         for i in range(hi - lo):
             r = self.rows[lo + i]
             if r.finish_reason is not None:
@@ -252,6 +265,27 @@ class GraphScheduler:
                 patch_states, dtype=torch.int32, device=dev)
         return done
 
+    def _resolve(self, rows: list[int], states: list[int], tokens: list[int]) -> list[int]:
+        nxt = self.cache.resolve(states, tokens)
+        for row, tok, s in zip(rows, tokens, nxt):
+            if s < 0:
+                raise RuntimeError(f"row {row}: token {tok} not allowed by its "
+                                   "constraint (mask and grammar disagree: a bug, please report)")
+        return nxt
+
+    def _resolve_pending(self) -> None:
+        """Next states of last step's misses, stored in the table and patched into the rows
+        (the GPU left those rows at -1). Called while the forward runs, before the sample reads them."""
+        if not self._pending:
+            return
+        rows, states, tokens = zip(*self._pending)
+        self._pending = []
+        nxt = self._resolve(list(rows), list(states), list(tokens))
+        for row, s in zip(rows, nxt):
+            self._state_of[row] = s
+        dev = self.runner.device
+        self.runner.states[torch.as_tensor(rows, device=dev)] = torch.as_tensor(nxt, dtype=torch.int32, device=dev)
+
     def _prev_states(self, lo: int, idx: list[int]) -> list[int]:
         """Host copies of the rows' states before this step (the GPU already advanced them)."""
         return [self._state_of[lo + i] for i in idx]
@@ -281,6 +315,7 @@ class GraphScheduler:
             return
         length = min(self.runner.max_len, 1 + max((len(self.rows[i].request.prompt_ids) + len(self.rows[i].generated)
                                                    for i in keep), default=0))
+        self._resolve_pending()  # pending misses name rows by their index before the move
         self.runner.compact(keep, length)
         if self.cache is not None:
             self._state_of = [self._state_of[i] for i in keep]
