@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,10 +17,6 @@ from constrain.derivatives import NOTHING, ExprTable
 from constrain.token_trie import TokenTrie, expand_ranges
 
 DEFAULT_MASK_CACHE = 4096
-# Splitting a state pays only when few tokens cross from the head into the tail: at most
-# 1/SPLIT_MAX_CROSSING of the vocabulary, else the crossing walk costs as much as a plain one.
-SPLIT_MAX_CROSSING = 8
-SPLIT_DOES_NOT_PAY = object()
 # A union state is masked member by member (each member's head walk cached) up to this many.
 MAX_UNION_MEMBERS = 512
 
@@ -29,6 +26,35 @@ def _scatter(idx: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
     out = np.zeros(size, dtype=values.dtype)
     out[idx] = values
     return out
+
+
+def _record(ends: list, depth: int, nodes: np.ndarray | None, parents: np.ndarray, nullable: np.ndarray,
+            start: int = 0) -> None:
+    """Add to ``ends`` the ``nodes`` (None: the whole level, from node ``start``) whose parent's
+    state is nullable."""
+    hit = np.nonzero(nullable[parents])[0]
+    if len(hit):
+        ends.append((depth, hit + start if nodes is None else nodes[hit], parents[hit]))
+
+
+def _byte_flags(mask: int) -> np.ndarray:
+    """The 256-bit set ``mask`` as booleans per byte."""
+    return np.unpackbits(np.frombuffer(mask.to_bytes(32, "little"), dtype=np.uint8), bitorder="little").astype(bool)
+
+
+@dataclass(frozen=True)
+class HeadWalk:
+    """A walk of a head alone: what it decides for every tail.
+
+    The other arrays describe the children of the nodes where the head may end (where tokens
+    may cross into the tail), one entry each.
+    """
+
+    inside: np.ndarray  # mask words of the tokens the head allows (so does the head and any live tail)
+    depth: np.ndarray
+    node: np.ndarray
+    group: np.ndarray  # index of the head's state at the parent, in paths
+    paths: list[bytes]  # per head state: bytes that lead the head to it
 
 
 _tries: dict[object, TokenTrie] = {}
@@ -61,7 +87,8 @@ class TokenAutomaton:
         self.n_words = (vocab.vocab_size + 31) // 32
         self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
         self._max_next: dict[int, float] = {}
-        self._heads: OrderedDict[tuple[int, int], tuple[np.ndarray, TokenTrie | None]] = OrderedDict()
+        self._heads: OrderedDict[tuple, object] = OrderedDict()  # head walks and their crossings per first bytes
+        self._head_states: OrderedDict[tuple, list[int]] = OrderedDict()  # per head: its states at paths
         self._mask_cache_size = mask_cache_size
         self._lock = threading.RLock()
 
@@ -137,11 +164,11 @@ class TokenAutomaton:
     def _split_mask(self, state: int) -> np.ndarray | None:
         """Mask of ``head tail`` from a walk of ``head`` that is shared by every tail.
 
-        The head is walked with the tail replaced by a marker that only records which first bytes
-        the tail accepts. Tokens that stay inside the head are decided there, once for every
-        state with the same head and the same tail first-bytes (every property of type string,
-        every nesting depth of a recursive grammar). Only the few tokens that cross into the tail
-        are walked again from the real state, over a small trie of just those tokens.
+        One walk of the head alone serves every state with the same head (every property of
+        type string, every nesting depth of a recursive grammar): the tokens it allows are
+        allowed whatever the (live) tail. A token can also cross into the tail, at a node where
+        the head may end and whose byte the tail can start with; the walk records those places,
+        and only the subtrees below them are walked again, from the real state there.
         """
         table = self.table
         parts = table.split(state)
@@ -150,80 +177,136 @@ class TokenAutomaton:
         head, tail = parts
         if table.is_byte_set(head):  # a literal's next byte: the plain walk is already tiny
             return None
-        first = table.first_bytes(tail)
         sig = table.signature(head)
         heads = self._heads if sig is None else _shared_heads
-        key = (head, first) if sig is None else (self._vocab_key, sig, first)
-        cached = heads.get(key)
-        if cached is None:
-            tokens, ends = self.transitions(table.seq(head, table.mark(first)))
-            flags = np.zeros(int(ends.max(initial=0)) + 1, dtype=bool)
-            flags[ends] = True
-            for e in np.nonzero(flags)[0]:
-                flags[e] = table.has_dep(int(e))
-            crossing = flags[ends]
-            inside = self._pack(tokens[~crossing], False)
-            dependent = tokens[crossing]
-            if len(dependent) * SPLIT_MAX_CROSSING > self.trie.size:
-                cached = SPLIT_DOES_NOT_PAY  # most tokens cross: a plain walk is cheaper
-            else:
-                cached = (inside, self.trie.restrict(dependent))
+        key = (head,) if sig is None else (self._vocab_key, sig)
+        walked = self._cached(heads, key, lambda: self._walk_head(head))
+        first = table.first_bytes(tail)
+        crossings = self._cached(heads, (*key, first), lambda: self._crossings(walked, first))
+        # The head's states at the crossing nodes' parents, in this grammar's table (a shared walk
+        # may come from another grammar).
+        starts = self._cached(self._head_states, key,
+                              lambda: [table.derive_bytes(head, path) for path in walked.paths])
+        parents = np.array([table.seq(h, tail) for h in starts], dtype=np.int32)
+        crossing = self._walk({d: (nodes, parents[group]) for d, (nodes, group) in crossings.items()})[0]
+        return walked.inside | self._pack(crossing, self.is_accepting(state))
+
+    def _cached(self, cache: OrderedDict, key: tuple, make):
+        """``cache[key]``, made by ``make()`` on a miss; the cache keeps the newest entries."""
+        got = cache.get(key)
+        if got is None:
+            got = make()
             with _tries_lock:
-                heads[key] = cached
-                while len(heads) > self._mask_cache_size:
-                    heads.popitem(last=False)
-        if cached is SPLIT_DOES_NOT_PAY:
-            return None
-        inside, sub = cached
-        crossing_tokens = self.transitions(state, sub)[0]
-        return inside | self._pack(crossing_tokens, self.is_accepting(state))
+                cache[key] = got
+                while len(cache) > self._mask_cache_size:
+                    cache.popitem(last=False)
+        return got
 
-    def transitions(self, state: int, trie: TokenTrie | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Every allowed non-stop token of ``state`` and the state each one leads to.
+    def _walk_head(self, head: int) -> HeadWalk:
+        """Walk ``head`` alone, recording the children of the nodes where it may end."""
+        tokens, _, ends = self._walk(self._root_seeds(head), record=True)
+        trie = self.trie
+        ends.append((0, np.zeros(0, np.int64), np.zeros(0, np.int32)))  # none at all is fine too
+        depth = np.concatenate([np.full(len(nodes), d) for d, nodes, _ in ends])
+        node = np.concatenate([nodes for _, nodes, _ in ends])
+        _, one, group = np.unique(np.concatenate([p for _, _, p in ends]), return_index=True, return_inverse=True)
+        # One path per distinct head state: the bytes that lead the head to a node of that state.
+        paths = [trie.prefix(int(trie.parent[node[i]])) for i in one]
+        return HeadWalk(self._pack(tokens, False), depth, node, group, paths)
 
-        Walks the trie level by level. A level is handled sparsely (only children of live nodes)
-        while few nodes are live, densely (one gather over the whole level) once many are.
+    def _crossings(self, walked: HeadWalk, first: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Where tokens cross into tails that start with the bytes ``first``: by depth, the nodes
+        and the group of the head's state at their parents.
+
+        A node crosses when the head may end at its parent and its byte is in ``first``. Below a
+        crossing node the real walk covers everything, so crossing nodes under it are left out.
         """
-        table, levels = self.table, (trie or self.trie).levels
-        if not levels or state == NOTHING:
-            return np.zeros(0, np.int32), np.zeros(0, np.int32)
-        tok_parts, next_parts = [], []
+        trie = self.trie
+        pick = np.nonzero(_byte_flags(first)[trie.byte[walked.node]])[0]
+        nodes = walked.node[pick]
+        order = np.lexsort((-trie.rank_end[nodes], trie.rank_start[nodes]))
+        pick, start, end = pick[order], trie.rank_start[nodes[order]], trie.rank_end[nodes[order]]
+        outer = np.ones(len(pick), dtype=bool)  # subtrees nest, so the outer ones come first
+        outer[1:] = start[1:] >= np.maximum.accumulate(end)[:-1]
+        pick = pick[outer]
+        depths = walked.depth[pick]
+        crossings = {}
+        for d in np.unique(depths).tolist():
+            mine = pick[depths == d]
+            crossings[d] = (walked.node[mine], walked.group[mine])
+        return crossings
+
+    def transitions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every allowed non-stop token of ``state`` and the state each one leads to."""
+        tokens, nexts, _ = self._walk(self._root_seeds(state))
+        return tokens, nexts
+
+    def _root_seeds(self, state: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Seeds of a whole walk from ``state``: every node of depth 0, entered from ``state``."""
+        n = len(self.trie.levels[0].byte) if self.trie.levels else 0
+        return {0: (np.arange(n), np.full(n, state, dtype=np.int32))}
+
+    def _walk(self, seeds: dict[int, tuple[np.ndarray, np.ndarray]],
+              record: bool = False) -> tuple[np.ndarray, np.ndarray, list]:
+        """Tokens allowed below ``seeds`` and the states they lead to; with ``record``, the ends.
+
+        ``seeds`` maps a depth to nodes of that level and the states their parents have: the walk
+        enters them from there. With ``record``, every child (live or not) of a node whose state
+        is nullable comes back in ``(depth, nodes, parent states)``. A level is handled sparsely
+        (only children of live nodes) while few nodes are live, densely (one gather over the
+        whole level) once many are. Tokens are read off the live nodes of all levels at the end.
+        """
+        table, trie, levels = self.table, self.trie, self.trie.levels
+        live_nodes, live_states, ended = [], [], []
+        depth = min(seeds, default=len(levels))
+        idx = np.zeros(0, np.int64)  # live nodes of this level (sparse) ...
+        st = np.zeros(0, np.int32)  # ... and their states; dense: the state of every node (0: dead)
+        dense = False
         with table.lock:
-            table.ensure_rows((state,))
-            idx: np.ndarray | None = None  # sparse: live node indices; dense: None
-            st = table.rows[state, levels[0].byte]  # dense state per node (0 = dead)
-            for depth, level in enumerate(levels):
-                if idx is None:
-                    live_tokens = st[level.end_nodes]
-                    keep = np.nonzero(live_tokens)[0]
-                    tok_parts.append(level.end_tokens[keep])
-                    next_parts.append(live_tokens[keep])
-                    live = np.count_nonzero(st)
-                else:
-                    ends, counts = expand_ranges(level.tok_start[idx], level.tok_end[idx])
-                    tok_parts.append(level.end_tokens[ends])
-                    next_parts.append(np.repeat(st, counts))
-                    live = len(idx)
-                if depth + 1 == len(levels) or live == 0:
+            while depth < len(levels):
+                level = levels[depth]
+                if depth in seeds:
+                    nodes, parents = seeds[depth]
+                    self._ensure_rows(parents)
+                    fresh = table.rows[parents, trie.byte[nodes]]
+                    if record:
+                        _record(ended, depth, nodes, parents, table.row_nullable)
+                    if dense:
+                        st[nodes - level.start] = fresh
+                    else:
+                        keep = np.nonzero(fresh)[0]
+                        idx, st = np.concatenate((idx, nodes[keep])), np.concatenate((st, fresh[keep]))
+                if dense:
+                    local = np.nonzero(st)[0]
+                    idx, st, dense = local + level.start, st[local], False
+                live_nodes.append(idx)
+                live_states.append(st)
+                if depth + 1 == len(levels):
                     break
+                if not len(idx):  # nothing to descend into: on to the next seeds, if any
+                    depth = min((d for d in seeds if d > depth), default=len(levels))
+                    continue
                 child = levels[depth + 1]
-                if live * 8 >= len(level.byte):  # dense step
-                    dense = st if idx is None else _scatter(idx, st, len(level.byte))
-                    parent_states = dense[child.parent]
+                if len(idx) * 8 >= len(level.byte):  # dense step
+                    parent_states = _scatter(idx - level.start, st, len(level.byte))[child.parent]
                     self._ensure_rows(parent_states)
-                    st, idx = table.rows[parent_states, child.byte], None
+                    st, dense = table.rows[parent_states, child.byte], True
+                    if record:
+                        _record(ended, depth + 1, None, parent_states, table.row_nullable, child.start)
                 else:  # sparse step
-                    if idx is None:
-                        idx = np.nonzero(st)[0]
-                        st = st[idx]
-                    children, counts = expand_ranges(level.child_start[idx], level.child_end[idx])
+                    children, counts = expand_ranges(trie.child_start[idx], trie.child_end[idx])
                     parent_states = np.repeat(st, counts)
                     self._ensure_rows(parent_states)
-                    nxt = table.rows[parent_states, child.byte[children]]
+                    nxt = table.rows[parent_states, trie.byte[children]]
+                    if record:
+                        _record(ended, depth + 1, children, parent_states, table.row_nullable)
                     keep = np.nonzero(nxt)[0]
                     idx, st = children[keep], nxt[keep]
-        tokens = np.concatenate(tok_parts).astype(np.int32, copy=False)
-        return tokens, np.concatenate(next_parts).astype(np.int32, copy=False)
+                depth += 1
+        idx = np.concatenate(live_nodes) if live_nodes else np.zeros(0, np.int64)
+        ends, counts = expand_ranges(trie.tok_start[idx], trie.tok_end[idx])
+        nexts = np.repeat(np.concatenate(live_states), counts) if live_states else np.zeros(0, np.int32)
+        return trie.end_tokens[ends], nexts.astype(np.int32, copy=False), ended
 
     def _ensure_rows(self, states: np.ndarray) -> None:
         done = self.table.row_done

@@ -26,7 +26,7 @@ from grammars.analysis import INFINITE, MinLength
 from grammars.errors import GrammarError
 
 # Expression kinds.
-K_NOTHING, K_EMPTY, K_BYTES, K_SEQ, K_ALT, K_AND, K_NOT, K_REPEAT, K_REF, K_MARK, K_DEP, K_FRAME, K_UNORDERED = range(13)
+K_NOTHING, K_EMPTY, K_BYTES, K_SEQ, K_ALT, K_AND, K_NOT, K_REPEAT, K_REF, K_FRAME, K_UNORDERED = range(11)
 
 NOTHING = 0
 EMPTY = 1
@@ -78,7 +78,6 @@ class ExprTable:
         self._args: list[tuple] = []
         self._nullable: list[bool | None] = []
         self._boolean: list[bool] = []  # contains And/Not: language may be empty though not NOTHING
-        self._dep: list[bool] = []  # contains DEP: the walk crossed into a masked continuation
         self._counted: list[bool] = []  # contains a repetition with counted bounds
         self._clamped: dict[int, int] = {}
         self._sigs: dict[int, int | None] = {}
@@ -104,12 +103,12 @@ class ExprTable:
         self._deriving: set[int] = set()
         self._new(K_NOTHING, (), False, False)
         self._new(K_EMPTY, (), True, False)
-        # DEP accepts everything: it stands for "whatever the masked-out continuation allows".
-        self.dep = self._new(K_DEP, (), True, False)
-        self._dep[self.dep] = True
         # Dense transition rows, filled lazily: rows[s, b] = derivative of state s by byte b.
         self.rows = np.zeros((1024, 256), dtype=np.int32)
         self.row_done = np.zeros(1024, dtype=bool)
+        # row_nullable[s]: nullable(s), for states with rows (a walk asks it of whole levels).
+        self.row_nullable = np.zeros(1024, dtype=bool)
+        self.row_nullable[EMPTY] = True
         self.row_done[NOTHING] = True
         self.rows[EMPTY] = NOTHING
         self.row_done[EMPTY] = True
@@ -138,7 +137,6 @@ class ExprTable:
         self._args.append(args)
         self._nullable.append(nullable)
         self._boolean.append(boolean)
-        self._dep.append(False)
         self._counted.append(False)
         self._intern[key] = i
         return i
@@ -189,8 +187,6 @@ class ExprTable:
                 flat.add(self._mk_seq(head, self._mk_alt([self._args[p][1] for p in group])))
         if mask:
             flat.add(self._mk_bytes(mask))
-        if self.dep in flat:  # DEP already accepts everything
-            return self.dep
         if not flat:
             return NOTHING
         if len(flat) == 1:
@@ -245,16 +241,9 @@ class ExprTable:
 
     def _flag(self, e: int, children: Sequence[int]) -> int:
         for c in children:
-            if self._dep[c]:
-                self._dep[e] = True
             if self._counted[c]:
                 self._counted[e] = True
         return e
-
-    def mark(self, first: int) -> int:
-        """A stand-in for a continuation whose first bytes are ``first``: any of them leads to DEP."""
-        with self.lock:
-            return self._new(K_MARK, (first,), False, False)
 
     def split(self, e: int) -> tuple[int, int] | None:
         """``(head, tail)`` when ``e`` is a sequence, else None."""
@@ -308,7 +297,7 @@ class ExprTable:
         if got is not _UNSEEN:
             return got
         k, a = self._kind[e], self._args[e]
-        if k in (K_REF, K_MARK, K_DEP, K_UNORDERED):
+        if k in (K_REF, K_UNORDERED):
             out = None
         elif k == K_FRAME:
             out = self.signature(a[0])  # frames are transparent
@@ -354,7 +343,7 @@ class ExprTable:
             self._first_busy.add(e)
             try:
                 k, a = self._kind[e], self._args[e]
-                if k in (K_BYTES, K_MARK):
+                if k == K_BYTES:
                     out = a[0]
                 elif k == K_SEQ:
                     out = self.first_bytes(a[0]) | (self.first_bytes(a[1]) if self.nullable(a[0]) else 0)
@@ -374,7 +363,7 @@ class ExprTable:
                     out = self._unordered_first(e)
                 elif k in (K_NOTHING, K_EMPTY):
                     out = 0
-                else:  # complement, DEP
+                else:  # complement
                     out = ALL_BYTES
             finally:
                 self._first_busy.discard(e)
@@ -401,9 +390,6 @@ class ExprTable:
 
     def is_byte_set(self, e: int) -> bool:
         return self._kind[e] == K_BYTES
-
-    def has_dep(self, e: int) -> bool:
-        return self._dep[e]
 
     def _mk_frame(self, e: int) -> int:
         """What is left of one rule's body after a derivative entered it.
@@ -543,7 +529,7 @@ class ExprTable:
                 elif k == K_REPEAT:
                     n = a[1] == 0 or self.nullable(a[0])
                 else:
-                    n = k in (K_EMPTY, K_DEP)
+                    n = k == K_EMPTY
             finally:
                 self._expanding.discard(e)
             self._nullable[e] = n
@@ -602,11 +588,13 @@ class ExprTable:
             return self._d(self._expand_unordered(e), b)
         if k == K_FRAME:
             return self._mk_frame(self._d(a[0], b))
-        if k == K_MARK:
-            return self.dep if (a[0] >> b) & 1 else NOTHING
-        if k == K_DEP:
-            return self.dep
         return NOTHING
+
+    def derive_bytes(self, e: int, data: bytes) -> int:
+        """The expression left to match after ``data``."""
+        for b in data:
+            e = self.derive(e, b)
+        return e
 
     def byte_classes(self, e: int) -> tuple[int, ...]:
         """A partition of the 256 bytes such that bytes of one part have equal derivatives."""
@@ -635,8 +623,6 @@ class ExprTable:
                     parts = self.byte_classes(self._body(a[0]))
                 elif k == K_UNORDERED:
                     parts = self.byte_classes(self._expand_unordered(e))
-                elif k == K_MARK:
-                    parts = tuple(p for p in (a[0], ALL_BYTES ^ a[0]) if p)
                 else:
                     parts = (ALL_BYTES,)
             finally:
@@ -655,7 +641,7 @@ class ExprTable:
                 out = self._search_min(e)
             elif k == K_BYTES:
                 out = 1
-            elif k in (K_EMPTY, K_DEP):
+            elif k == K_EMPTY:
                 out = 0
             elif k == K_SEQ:
                 out = self.min_completion(a[0]) + self.min_completion(a[1])
@@ -778,6 +764,7 @@ class ExprTable:
                 out[_bits(part)] = n
         self._grow(max(s, len(self._kind)) + 1)
         self.rows[s] = out
+        self.row_nullable[s] = self.nullable(s)
         self.row_done[s] = True
 
     def _grow(self, need: int) -> None:
@@ -789,7 +776,9 @@ class ExprTable:
         rows[:cap] = self.rows
         done = np.zeros(new_cap, dtype=bool)
         done[:cap] = self.row_done
-        self.rows, self.row_done = rows, done
+        nullable = np.zeros(new_cap, dtype=bool)
+        nullable[:cap] = self.row_nullable
+        self.rows, self.row_nullable, self.row_done = rows, nullable, done
 
 
 _UNSEEN = object()
