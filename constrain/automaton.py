@@ -309,10 +309,9 @@ class TokenAutomaton:
         return trie.end_tokens[ends], nexts.astype(np.int32, copy=False), ended
 
     def _ensure_rows(self, states: np.ndarray) -> None:
-        done = self.table.row_done
-        if len(done) > 0 and states.max(initial=0) < len(done):
-            missing = states[~done[states]]
-        else:
+        try:
+            missing = states[~self.table.row_done[states]]
+        except IndexError:  # states newer than the row table
             missing = states
         if len(missing):
             self.table.ensure_rows(np.unique(missing))
