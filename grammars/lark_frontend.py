@@ -356,11 +356,10 @@ class _Converter:
         raise LarkGrammarError(f"unknown operator {op!r} in {owner}", line=self._line(owner))
 
     def _literal(self, tok: Token, owner: str) -> Node:
-        line = self._line(owner, tok)
         try:
             pattern = _lg._literal_to_pattern(tok)
         except _LarkError as e:
-            raise LarkGrammarError(f"{e} (in {owner})", line=line) from None
+            raise LarkGrammarError(f"{e} (in {owner})", line=self._line(owner, tok)) from None
         flags = "".join(sorted(pattern.flags))
         if isinstance(pattern, PatternStr):
             if not flags:
@@ -371,7 +370,7 @@ class _Converter:
         try:
             node = regex_to_ir(source, dialect="python")
         except RegexError as e:
-            raise LarkGrammarError(f"{owner}: {tok.value}: {e}", line=line) from None
+            raise LarkGrammarError(f"{owner}: {tok.value}: {e}", line=self._line(owner, tok)) from None
         self.quantifiers |= _quantifier_kinds(source)
         return node
 
