@@ -258,6 +258,7 @@ class TokenAutomaton:
         """
         table, trie, levels = self.table, self.trie, self.trie.levels
         live_nodes, live_states, ended = [], [], []
+        dense_levels = []  # (first node, state of every node of the level) for levels walked densely
         depth = min(seeds, default=len(levels))
         idx = np.zeros(0, np.int64)  # live nodes of this level (sparse) ...
         st = np.zeros(0, np.int32)  # ... and their states; dense: the state of every node (0: dead)
@@ -277,23 +278,30 @@ class TokenAutomaton:
                         keep = np.nonzero(fresh)[0]
                         idx, st = np.concatenate((idx, nodes[keep])), np.concatenate((st, fresh[keep]))
                 if dense:
-                    local = np.nonzero(st)[0]
-                    idx, st, dense = local + level.start, st[local], False
-                live_nodes.append(idx)
-                live_states.append(st)
+                    dense_levels.append((level.start, st))
+                    live = int(np.count_nonzero(st))
+                else:
+                    live_nodes.append(idx)
+                    live_states.append(st)
+                    live = len(idx)
                 if depth + 1 == len(levels):
                     break
-                if not len(idx):  # nothing to descend into: on to the next seeds, if any
+                if not live:  # nothing to descend into: on to the next seeds, if any
                     depth = min((d for d in seeds if d > depth), default=len(levels))
+                    idx, st, dense = np.zeros(0, np.int64), np.zeros(0, np.int32), False
                     continue
                 child = levels[depth + 1]
-                if len(idx) * 8 >= len(level.byte):  # dense step
-                    parent_states = _scatter(idx - level.start, st, len(level.byte))[child.parent]
+                if live * 8 >= len(level.byte):  # dense step: one gather over the whole next level
+                    full = st if dense else _scatter(idx - level.start, st, len(level.byte))
+                    parent_states = full[child.parent]
                     self._ensure_rows(parent_states)
                     st, dense = table.rows[parent_states, child.byte], True
                     if record:
                         _record(ended, depth + 1, None, parent_states, table.row_nullable, child.start)
-                else:  # sparse step
+                else:  # sparse step: only the children of live nodes
+                    if dense:
+                        local = np.nonzero(st)[0]
+                        idx, st, dense = local + level.start, st[local], False
                     children, counts = expand_ranges(trie.child_start[idx], trie.child_end[idx])
                     parent_states = np.repeat(st, counts)
                     self._ensure_rows(parent_states)
@@ -303,10 +311,21 @@ class TokenAutomaton:
                     keep = np.nonzero(nxt)[0]
                     idx, st = children[keep], nxt[keep]
                 depth += 1
-        idx = np.concatenate(live_nodes) if live_nodes else np.zeros(0, np.int64)
-        ends, counts = expand_ranges(trie.tok_start[idx], trie.tok_end[idx])
-        nexts = np.repeat(np.concatenate(live_states), counts) if live_states else np.zeros(0, np.int32)
-        return trie.end_tokens[ends], nexts.astype(np.int32, copy=False), ended
+        tok_parts, next_parts = [], []
+        if live_nodes:
+            idx = np.concatenate(live_nodes)
+            ends, counts = expand_ranges(trie.tok_start[idx], trie.tok_end[idx])
+            tok_parts.append(trie.end_tokens[ends])
+            next_parts.append(np.repeat(np.concatenate(live_states), counts))
+        for start, full in dense_levels:  # tokens ending on a dense level: one contiguous range
+            lo, hi = trie.tok_start[start], trie.tok_end[start + len(full) - 1]
+            s = full[trie.end_node[lo:hi] - start]
+            keep = np.nonzero(s)[0]
+            tok_parts.append(trie.end_tokens[lo:hi][keep])
+            next_parts.append(s[keep])
+        if not tok_parts:
+            return np.zeros(0, np.int32), np.zeros(0, np.int32), ended
+        return (np.concatenate(tok_parts), np.concatenate(next_parts).astype(np.int32, copy=False), ended)
 
     def _ensure_rows(self, states: np.ndarray) -> None:
         try:

@@ -45,6 +45,7 @@ class TokenTrie:
         # Tokens at or below it: rank_start .. rank_end-1 in byte order (the order of nodes at a depth).
         self.rank_start = self.rank_end = empty
         self.end_tokens = np.zeros(0, np.int32)
+        self.end_node = empty
         if ids:
             lengths = np.fromiter((len(t or b"") for t in token_bytes), dtype=np.int64, count=len(token_bytes))
             data = np.frombuffer(b"".join(t or b"" for t in token_bytes), dtype=np.uint8)
@@ -116,6 +117,7 @@ class TokenTrie:
         self.tok_start = np.cumsum(per_node) - per_node
         self.tok_end = self.tok_start + per_node
         self.end_tokens = ids[by_node].astype(np.int32)
+        self.end_node = ends[by_node]  # the node each of end_tokens ends at
         self.byte = data[start[tok] + depth]
         self.rank_start = tok
         # A node's subtree holds the tokens from its creator up to the creator of its next sibling,
