@@ -7,8 +7,10 @@ global next state. Rows and transitions come from constrain (``state_mask``, ``n
 ``state_transitions``): this module never computes a mask itself.
 
 Misses (a (state, token) pair or a next state the table does not hold yet) are resolved here,
-in one batch per step. The first miss out of a state also loads *all* its transitions in one
-vectorised call (``state_transitions``), so later steps through that state need no host work:
+in one batch per step. The second miss out of a state also loads *all* its transitions in one
+vectorised call (``state_transitions``), so later steps through that state need no host work
+(not the first miss: most states are left once and never met again, and the bulk load is a walk
+of the whole vocabulary, ~2-4 ms for a 128k one):
 - small states (keys, punctuation, enum values: few tokens, few next states): every pair goes
   into the hash; a next state's mask row is stored when a row first reaches it (the table
   reports a pair whose target row is absent as a miss), because computing the rows of all up
@@ -33,6 +35,7 @@ import torch
 from constrain import CompiledGrammar
 from kernels import StateTable
 
+EXPAND_ON_MISS = 2  # the miss out of a state that loads all its transitions (see the docstring)
 EXPAND_MAX_NEXT = 64  # load all transitions of a state when they reach at most this many states
 EXPAND_MAX_TOKENS = 4096  # ... and it allows at most this many tokens; wider states get a default
 MAX_EXCEPTIONS = 16384  # a wide state gets a default when at most this many tokens leave it elsewhere
@@ -48,6 +51,7 @@ class StateCache:
         self._grammars: dict[int, tuple[CompiledGrammar, int]] = {}  # id(cg) -> (cg, index)
         self._ids: dict[tuple[int, int], int] = {}  # (grammar index, local) -> global
         self._where: list[tuple[CompiledGrammar, int]] = []  # global -> (cg, local)
+        self._misses_out: dict[int, int] = {}  # state -> misses out of it so far (until expanded)
         self._expanded: set[int] = set()
         self._stored: set[int] = set()  # global ids whose mask row is in the table
         self._default: dict[int, int] = {}  # global id -> its default next global id
@@ -86,8 +90,11 @@ class StateCache:
             self.misses += 1
             cg, local = self._where[gid]
             if gid not in self._expanded:
-                self._expanded.add(gid)
-                new.extend(self._expand(gid, cg, local))
+                seen = self._misses_out[gid] = self._misses_out.get(gid, 0) + 1
+                if seen >= EXPAND_ON_MISS:
+                    del self._misses_out[gid]
+                    self._expanded.add(gid)
+                    new.extend(self._expand(gid, cg, local))
             nxt = cg.next_state(local, int(tok))
             if nxt < 0:
                 out.append(-1)

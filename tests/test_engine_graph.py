@@ -94,6 +94,7 @@ def test_wide_states_get_a_default(monkeypatch: pytest.MonkeyPatch) -> None:
     import engine.state_cache as sc
 
     monkeypatch.setattr(sc, "EXPAND_MAX_TOKENS", 8)  # the test vocabulary is small
+    monkeypatch.setattr(sc, "EXPAND_ON_MISS", 1)  # two short requests miss out of a state once
     eng = engine()
     reqs = _requests(eng)[:2]
     want = _eager(eng, reqs)
