@@ -314,10 +314,9 @@ def bench_model(name: str, model: Any, tok: Tok, schemas: list[dict], batches: l
             matchers = [anchors[m][i % len(schemas)].matcher() for i in range(b)] if m in anchors else None
             cache = scheds[m].cache
             before = (cache.misses, cache.expansions, cache.defaults) if cache else None
-            captures, sat_out = runner.captures, scheds[m].sat_out
+            captures = runner.captures
             row = {"model": name, "mode": m, "batch": b, **run_cell(scheds[m], reqs, matchers)}
             row["captures_in_run"] = runner.captures - captures  # should be 0
-            row["sat_out"] = scheds[m].sat_out - sat_out  # row-steps rows spent waiting for misses
             if cache is not None:
                 row["misses"] = cache.misses - before[0]
                 row["expansions"] = cache.expansions - before[1]

@@ -8,13 +8,9 @@ either), different division of work:
   advances the state on the GPU. The host reads back (token, state, miss) once per step and only
   works on misses (a state or transition seen for the first time: computed by constrain,
   stored, never missed again; a state's transitions are loaded in bulk on its first miss, see
-  ``StateCache``) and on finished rows. Misses go to a worker thread (``StateCache.prepare``:
-  masks, next states, bulk loads) while the GPU keeps stepping the other rows; a row waiting for
-  its next state sits out (it runs along in the captured step, which is then taken back: ids,
-  position and draw counter restored, its K/V write rewritten identically next time) and
-  rejoins once the main thread has stored the worker's result (``commit``). So host work for new
-  states overlaps the GPU instead of stalling the whole batch; when every live row waits, the
-  step waits for the worker.
+  ``StateCache``) and on finished rows. A miss is resolved during the *next* step's forward
+  (which reads tokens, not states) and patched in before that step's sample, so host work for
+  new states overlaps the GPU instead of stalling it.
 - ``mode="host"``: per-row matcher objects fill a bitmask on the host each step, while the
   forward graph runs; the mask goes to the GPU and the captured sampler applies it. This is how
   xgrammar and llguidance are driven in the benchmark (and constrain's own ``Matcher``, for a
@@ -35,7 +31,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -100,15 +95,9 @@ class GraphScheduler:
         pin = runner.device.type == "cuda"
         self._host_masks = torch.full(runner.masks.shape, -1, dtype=torch.int32, pin_memory=pin)
         self._state_of: list[int] = []  # table mode: each row's current state (host mirror)
-        # Table mode: misses (row, state before, token) waiting for the worker; the batch it is
-        # working on; and the rows whose next state is not known yet (they sit out steps).
-        self._pending: list[tuple[_Row, int, int]] = []
-        self._inflight: tuple[Future, list[_Row]] | None = None
-        self._stalled: set[_Row] = set()
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="constrain-misses") if mode == "table" else None
+        self._pending: list[tuple[int, int, int]] = []  # table mode: (row, state, token) misses to resolve
         self._next_id = 0
         self.steps = 0
-        self.sat_out = 0  # row-steps that stalled rows sat out, waiting for their next state
 
     # -- queue --------------------------------------------------------------------------------
     def add(self, request: GenerationRequest, host_matcher: HostMatcher | None = None) -> int:
@@ -150,17 +139,12 @@ class GraphScheduler:
     @torch.inference_mode()
     def step(self) -> list[tuple[int, GenerationResult]]:
         """Admit waiting requests (eager prefill + first token) or run one replayed decode step."""
-        if self._compaction_due() or (self.waiting and len(self.rows) < self.runner.max_rows):
-            self._drain()  # rows move or join: no miss work in flight across that
         self._compact()
         if self.waiting and len(self.rows) < self.runner.max_rows:
             return self._admit()
         n = len(self.rows)
         if n == 0:
             return []
-        if self.cache is not None:
-            self._collect(block=all(r in self._stalled for r in self.rows if r.finish_reason is None))
-            self._submit()
         b = batch_bucket(n)
         run = self.runner
         need = 1 + max(len(r.request.prompt_ids) + len(r.generated) for r in self.rows if r.finish_reason is None)
@@ -168,17 +152,10 @@ class GraphScheduler:
         # Host work for the constraint runs while the forward computes: it does not read states.
         if self.mode == "host":
             self._fill_host_masks(0, n)
+        self._resolve_pending()
         run.sample(b, self.mode, self.cache.table if self.cache else None)
         self.steps += 1
-        stalled = [i for i, r in enumerate(self.rows) if r in self._stalled]
-        out = run.fetch(n).numpy()
-        if stalled:
-            self._undo(stalled)
-            self.sat_out += len(stalled)
-        done = self._process(0, n, out, skip=frozenset(stalled))
-        if self.cache is not None:
-            self._submit()  # the worker starts on this step's misses before the next step
-        return done
+        return self._process(0, n, run.fetch(n).numpy())
 
     def _admit(self) -> list[tuple[int, GenerationResult]]:
         run = self.runner
@@ -209,10 +186,7 @@ class GraphScheduler:
             self._fill_host_masks(lo, hi)
         run.sample_rows(lo, hi, self.mode, self.cache.table if self.cache else None)
         out = run.out[:, lo:hi].cpu().numpy()
-        done = self._process(lo, hi, out)
-        if self.cache is not None:
-            self._submit()
-        return done
+        return self._process(lo, hi, out)
 
     def _fill_host_masks(self, lo: int, hi: int) -> None:
         """Each live constrained row's matcher writes its mask row; copied to the GPU in one go.
@@ -230,22 +204,18 @@ class GraphScheduler:
         run.mask_index[lo:].copy_(torch.as_tensor(index, dtype=torch.int32), non_blocking=True)
 
     # -- results ------------------------------------------------------------------------------
-    def _process(self, lo: int, hi: int, out: np.ndarray,
-                 skip: frozenset[int] = frozenset()) -> list[tuple[int, GenerationResult]]:
-        """Account the sampled tokens of rows ``lo..hi-1`` (but ``skip``: stalled rows, whose
-        step did not count): misses, stops, budgets."""
+    def _process(self, lo: int, hi: int, out: np.ndarray) -> list[tuple[int, GenerationResult]]:
+        """Account the sampled tokens of rows ``lo..hi-1``: misses, stops, budgets."""
         tokens, states, miss = out[0], out[1], out[2]
         done: list[tuple[int, GenerationResult]] = []
         patch_rows: list[int] = []
         patch_states: list[int] = []
         if self.mode == "table":
-            idx = [int(i) for i in np.nonzero(miss)[0]
-                   if self.rows[lo + i].finish_reason is None and lo + i not in skip]
+            idx = [int(i) for i in np.nonzero(miss)[0] if self.rows[lo + i].finish_reason is None]
             resolve = [i for i in idx if int(tokens[i]) not in self._eos]
             if resolve:
-                # Resolved by the worker while the GPU steps the other rows (this row sits out
-                # until then), except for rows that end here by their budget: their finish
-                # reason needs the state now.
+                # Resolved during the next forward (``step``), except for rows that end here by
+                # their budget: their finish reason needs the state now.
                 prev = self._prev_states(lo, resolve)
                 now = []
                 for i, p in zip(resolve, prev):
@@ -253,8 +223,7 @@ class GraphScheduler:
                     if len(r.generated) + 1 >= r.request.max_tokens:
                         now.append((i, p))
                     else:
-                        self._pending.append((r, p, int(tokens[i])))
-                        self._stalled.add(r)
+                        self._pending.append((lo + i, p, int(tokens[i])))
                 if now:
                     nxt = self._resolve([lo + i for i, _ in now], [p for _, p in now],
                                         [int(tokens[i]) for i, _ in now])
@@ -264,7 +233,7 @@ class GraphScheduler:
                         patch_states.append(s)
         for i in range(hi - lo):
             r = self.rows[lo + i]
-            if r.finish_reason is not None or lo + i in skip:
+            if r.finish_reason is not None:
                 continue
             tok = int(tokens[i])
             req = r.request
@@ -289,9 +258,7 @@ class GraphScheduler:
             if r.finish_reason is not None:
                 done.append((r.rid, self._result(r)))
         if self.cache is not None:
-            for i in range(hi - lo):
-                if lo + i not in skip:
-                    self._state_of[lo + i] = int(states[i])
+            self._state_of[lo:hi] = [int(x) for x in states]
         if patch_rows:
             dev = self.runner.device
             self.runner.states[torch.as_tensor(patch_rows, device=dev)] = torch.as_tensor(
@@ -306,54 +273,18 @@ class GraphScheduler:
                                    "constraint (mask and grammar disagree: a bug, please report)")
         return nxt
 
-    # -- misses resolved off the critical path (table mode) -------------------------------------
-    def _submit(self) -> None:
-        """Hand the pending misses to the worker (one batch at a time)."""
-        if self._inflight is not None or not self._pending:
+    def _resolve_pending(self) -> None:
+        """Next states of last step's misses, stored in the table and patched into the rows
+        (the GPU left those rows at -1). Called while the forward runs, before the sample reads them."""
+        if not self._pending:
             return
-        rows, states, tokens = (list(x) for x in zip(*self._pending))
+        rows, states, tokens = zip(*self._pending)
         self._pending = []
-        self._inflight = (self._worker.submit(self.cache.prepare, states, tokens), rows)
-
-    def _collect(self, block: bool) -> None:
-        """Store the worker's finished batch in the table and let its rows step again (waiting
-        for it when ``block``: every live row is stalled, a step would do nothing)."""
-        if self._inflight is None and block and self._pending:
-            self._submit()
-        if self._inflight is None or not (block or self._inflight[0].done()):
-            return
-        future, rows = self._inflight
-        self._inflight = None
-        nxt = self.cache.commit(future.result())
-        index = {id(r): i for i, r in enumerate(self.rows)}
-        patch_rows, patch_states = [], []
-        for r, s in zip(rows, nxt):
-            if s < 0:
-                raise RuntimeError(f"request {r.rid}: token {r.generated[-1]} not allowed by its "
-                                   "constraint (mask and grammar disagree: a bug, please report)")
-            i = index[id(r)]
-            self._state_of[i] = s
-            self._stalled.discard(r)
-            patch_rows.append(i)
-            patch_states.append(s)
+        nxt = self._resolve(list(rows), list(states), list(tokens))
+        for row, s in zip(rows, nxt):
+            self._state_of[row] = s
         dev = self.runner.device
-        self.runner.states[torch.as_tensor(patch_rows, device=dev)] = torch.as_tensor(
-            patch_states, dtype=torch.int32, device=dev)
-
-    def _drain(self) -> None:
-        """Resolve every outstanding miss now."""
-        while self._inflight is not None or self._pending:
-            self._collect(block=True)
-
-    def _undo(self, rows: list[int]) -> None:
-        """Stalled rows ran along in the captured step: take back what it advanced (their K/V
-        write at that position is rewritten identically when they step again)."""
-        run, dev = self.runner, self.runner.device
-        idx = torch.as_tensor(rows, device=dev)
-        run.ids[idx] = torch.as_tensor([self.rows[i].generated[-1] for i in rows], device=dev)
-        run.pos[idx] -= 1
-        run.draws[idx] -= 1
-        run.states[idx] = -1
+        self.runner.states[torch.as_tensor(rows, device=dev)] = torch.as_tensor(nxt, dtype=torch.int32, device=dev)
 
     def _prev_states(self, lo: int, idx: list[int]) -> list[int]:
         """Host copies of the rows' states before this step (the GPU already advanced them)."""
@@ -374,18 +305,17 @@ class GraphScheduler:
                                 prompt_tokens=len(r.request.prompt_ids), forced_tokens=0,
                                 constrained=r.request.grammar is not None or r.host is not None)
 
-    def _compaction_due(self) -> bool:
-        n = len(self.rows)
-        keep = sum(r.finish_reason is None for r in self.rows)
-        return n > 0 and keep < n and not (keep and not self.waiting and batch_bucket(keep) >= batch_bucket(n))
-
     def _compact(self) -> None:
         """Drop finished rows once the live ones fit a smaller bucket (or none are left)."""
-        if not self._compaction_due():
+        n = len(self.rows)
+        if n == 0:
             return
         keep = [i for i, r in enumerate(self.rows) if r.finish_reason is None]
+        if len(keep) == n or (keep and not self.waiting and batch_bucket(len(keep)) >= batch_bucket(n)):
+            return
         length = min(self.runner.max_len, 1 + max((len(self.rows[i].request.prompt_ids) + len(self.rows[i].generated)
                                                    for i in keep), default=0))
+        self._resolve_pending()  # pending misses name rows by their index before the move
         self.runner.compact(keep, length)
         if self.cache is not None:
             self._state_of = [self._state_of[i] for i in keep]

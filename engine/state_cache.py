@@ -27,9 +27,7 @@ strings) stays lazy: one (state, token) pair per miss.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -41,17 +39,6 @@ EXPAND_ON_MISS = 2  # the miss out of a state that loads all its transitions (se
 EXPAND_MAX_NEXT = 64  # load all transitions of a state when they reach at most this many states
 EXPAND_MAX_TOKENS = 4096  # ... and it allows at most this many tokens; wider states get a default
 MAX_EXCEPTIONS = 16384  # a wide state gets a default when at most this many tokens leave it elsewhere
-
-
-@dataclass
-class Plan:
-    """What ``StateCache.prepare`` computed for a batch of misses, for ``commit`` to store."""
-
-    next_states: list[int] = field(default_factory=list)  # per miss: next global state, -1 if refused
-    pairs: list[tuple[int, int, int]] = field(default_factory=list)  # (state, token, next) to hash
-    bulk: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)  # (state, tokens, nexts)
-    defaults: list[tuple[int, int]] = field(default_factory=list)  # (state, default next state)
-    rows: tuple[list[int], np.ndarray] | None = None  # (global ids, their mask rows)
 
 
 class StateCache:
@@ -68,7 +55,6 @@ class StateCache:
         self._expanded: set[int] = set()
         self._stored: set[int] = set()  # global ids whose mask row is in the table
         self._default: dict[int, int] = {}  # global id -> its default next global id
-        self._lock = threading.Lock()
         self.misses = 0
         self.expansions = 0
         self.defaults = 0  # wide states given a default next state
@@ -99,14 +85,7 @@ class StateCache:
 
         Stores the rows and transitions in the table, so the same pair never misses again.
         """
-        return self.commit(self.prepare(states, tokens))
-
-    def prepare(self, states: Sequence[int], tokens: Sequence[int]) -> Plan:
-        """The host work of ``resolve`` (next states, mask rows, bulk loads), without touching the
-        table: a worker thread runs it while the GPU keeps stepping, then ``commit`` stores it.
-        One ``prepare`` at a time, each committed before the next."""
-        plan = Plan()
-        new: list[int] = []
+        out, pairs, new = [], [], []
         for gid, tok in zip(states, tokens):
             self.misses += 1
             cg, local = self._where[gid]
@@ -115,41 +94,25 @@ class StateCache:
                 if seen >= EXPAND_ON_MISS:
                     del self._misses_out[gid]
                     self._expanded.add(gid)
-                    new.extend(self._expand(gid, cg, local, plan))
+                    new.extend(self._expand(gid, cg, local))
             nxt = cg.next_state(local, int(tok))
             if nxt < 0:
-                plan.next_states.append(-1)
+                out.append(-1)
                 continue
             ng = self._global(cg, nxt)
             new.append(ng)
             if self._default.get(gid) != ng:  # the default needs no key
-                plan.pairs.append((gid, int(tok), ng))
-            plan.next_states.append(ng)
-        todo = sorted({g for g in new if g not in self._stored})
-        if todo:
-            plan.rows = (todo, np.stack([self._where[g][0].state_mask(self._where[g][1]) for g in todo]))
-        return plan
-
-    def commit(self, plan: Plan) -> list[int]:
-        """Store a prepared plan in the table: rows, then transitions, then defaults (a default
-        may only be set once every other transition of its state is in the hash)."""
-        if plan.rows is not None:
-            todo, rows = plan.rows
-            self.table.add_states(torch.as_tensor(todo), torch.from_numpy(rows))
-            self._stored.update(todo)
-        for src, toks, targets in plan.bulk:
-            self.table.add_transitions(torch.full((len(toks),), src, dtype=torch.int64), torch.from_numpy(toks),
-                                       torch.from_numpy(targets))
-        if plan.pairs:
-            arr = torch.as_tensor(plan.pairs, dtype=torch.int64)
+                pairs.append((gid, int(tok), ng))
+            out.append(ng)
+        self._store(new)
+        if pairs:
+            arr = torch.as_tensor(pairs, dtype=torch.int64)
             self.table.add_transitions(arr[:, 0], arr[:, 1], arr[:, 2])
-        for src, dflt in plan.defaults:
-            self.table.set_default(src, dflt)
-        return plan.next_states
+        return out
 
-    def _expand(self, gid: int, cg: CompiledGrammar, local: int, plan: Plan) -> list[int]:
-        """Plan loading the transitions out of ``gid`` in one go (see the module docstring);
-        returns the ids whose mask rows should be stored now."""
+    def _expand(self, gid: int, cg: CompiledGrammar, local: int) -> list[int]:
+        """Load the transitions out of ``gid`` in one go (see the module docstring); returns the
+        ids whose mask rows should be stored now."""
         toks, nxts = cg.state_transitions(local)
         if len(toks) == 0:
             return []
@@ -170,26 +133,27 @@ class StateCache:
         if keep.any():
             sub = nxts[keep]
             targets = np.fromiter((glob[int(n)] for n in sub), dtype=np.int64, count=len(sub))
-            plan.bulk.append((gid, np.asarray(toks, dtype=np.int64)[keep], targets))
+            self.table.add_transitions(torch.full((len(sub),), gid, dtype=torch.int64),
+                                       torch.from_numpy(np.asarray(toks, dtype=np.int64)[keep]),
+                                       torch.from_numpy(targets))
         if dflt is None:
             return []  # targets' rows are stored on first visit (see the module docstring)
-        # set after every exception is hashed: from then on no token of gid misses (bar new rows)
+        # after every exception is hashed: from now on no token of gid misses (bar new rows)
         self.defaults += 1
         self._default[gid] = glob[dflt]
-        plan.defaults.append((gid, glob[dflt]))
+        self.table.set_default(gid, glob[dflt])
         return [glob[dflt]]  # other targets' rows are stored on their first (rare) visit
 
     def _global(self, cg: CompiledGrammar, local: int) -> int:
-        with self._lock:  # ``prepare`` may run in a worker while the scheduler admits requests
-            entry = self._grammars.get(id(cg))
-            if entry is None:
-                entry = self._grammars[id(cg)] = (cg, len(self._grammars))
-            key = (entry[1], int(local))
-            gid = self._ids.get(key)
-            if gid is None:
-                gid = self._ids[key] = len(self._where)
-                self._where.append((cg, int(local)))
-            return gid
+        entry = self._grammars.get(id(cg))
+        if entry is None:
+            entry = self._grammars[id(cg)] = (cg, len(self._grammars))
+        key = (entry[1], int(local))
+        gid = self._ids.get(key)
+        if gid is None:
+            gid = self._ids[key] = len(self._where)
+            self._where.append((cg, int(local)))
+        return gid
 
     def _store(self, gids: Sequence[int]) -> None:
         """Mask rows of the given states that the table does not hold yet."""

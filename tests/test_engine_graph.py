@@ -107,30 +107,6 @@ def test_wide_states_get_a_default(monkeypatch: pytest.MonkeyPatch) -> None:
     assert sched.cache.misses == misses  # second pass: every step served by the GPU table
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_rows_waiting_for_a_slow_miss_sit_out_and_rejoin(monkeypatch: pytest.MonkeyPatch, temperature: float) -> None:
-    """Misses are resolved by a worker while the other rows step; a row waiting for its next
-    state sits out (its step is taken back), so the tokens still equal the eager path's."""
-    import time
-
-    import engine.state_cache as sc
-
-    prepare = sc.StateCache.prepare
-
-    def slow(self, states, tokens):
-        time.sleep(0.2)  # longer than a step of the test model: rows must sit out
-        return prepare(self, states, tokens)
-
-    monkeypatch.setattr(sc.StateCache, "prepare", slow)
-    eng = engine()
-    reqs = _requests(eng, temperature)
-    want = _eager(eng, reqs)
-    got, sched = _graph(eng, reqs, "table")
-    assert [g.token_ids for g in got] == [w.token_ids for w in want]
-    assert [g.finish_reason for g in got] == [w.finish_reason for w in want]
-    assert sched.sat_out > 0
-
-
 def test_unconstrained_mode_none() -> None:
     eng = engine()
     reqs = [r for r in _requests(eng) if r.grammar is None]
