@@ -102,6 +102,17 @@ def kernel_checks(batches: list[int], length: int) -> list[dict]:
     return rows
 
 
+def filled_runner(model, batches: list[int], lengths: list[int], use_graphs: bool | None = None) -> GraphRunner:
+    """A GraphRunner whose KV cache and input ids are the same random values on every call."""
+    runner = GraphRunner(model, max(batches), max(lengths), mask_words=(LLAMA3_8B["vocab_size"] + 31) // 32,
+                         use_graphs=use_graphs)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for buf in (*runner.runner.cache.keys, *runner.runner.cache.values):  # bf16 values, in any cache dtype
+        buf.copy_(torch.randn(buf.shape, generator=g, device="cuda", dtype=torch.float32).to(torch.bfloat16))
+    runner.ids.copy_(torch.randint(0, 128000, runner.ids.shape, generator=g, device="cuda"))
+    return runner
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="1,16,64,256")
@@ -121,39 +132,32 @@ def main() -> None:
     rows: list[dict] = [{"model": "llama3-8b shape", "layers": args.layers, **physical_floor(model),
                          "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}]
     print(json.dumps(rows[0]), flush=True)
-    for row in kernel_checks(batches, max(lengths)):
+
+    def emit(row: dict) -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
+
+    for row in kernel_checks(batches, max(lengths)):
+        emit(row)
     fused_use = kernels.decode.use_triton
     logits: dict[tuple, torch.Tensor] = {}
     for variant in ("torch", "fused"):
         kernels.decode.use_triton = fused_use if variant == "fused" else (lambda t: False)
-        runner = GraphRunner(model, max(batches), max(lengths), mask_words=(LLAMA3_8B["vocab_size"] + 31) // 32)
-        g = torch.Generator(device="cuda").manual_seed(1)
-        for buf in (*runner.runner.cache.keys, *runner.runner.cache.values):
-            buf.copy_(torch.randn(buf.shape, generator=g, device="cuda", dtype=torch.float32).to(buf.dtype))
-        runner.ids.copy_(torch.randint(0, 128000, runner.ids.shape, generator=g, device="cuda"))
+        runner = filled_runner(model, batches, lengths)
         for b in batches:
             for length in lengths:
                 runner.pos.fill_(length - 1)
                 runner.capture(b, [length])
                 ms = time_replays(runner, b, length, args.iters)
                 logits[(variant, b, length)] = runner.logits[:b].clone()
-                row = {"variant": variant, "batch": b, "length": length, "step_ms": round(ms, 3),
-                       "vs_floor": round(ms / rows[0]["floor_ms"], 3)}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                emit({"variant": variant, "batch": b, "length": length, "step_ms": round(ms, 3),
+                      "vs_floor": round(ms / rows[0]["floor_ms"], 3)})
         del runner
         torch.cuda.empty_cache()
     # A float32 copy of the same model, same inputs, run eagerly: how far each bf16 variant is from it.
     kernels.decode.use_triton = lambda t: False  # the reference runs the plain torch arithmetic
     ref_model = copy.deepcopy(model).float()
-    runner = GraphRunner(ref_model, max(batches), max(lengths), mask_words=(LLAMA3_8B["vocab_size"] + 31) // 32,
-                         use_graphs=False)
-    g = torch.Generator(device="cuda").manual_seed(1)
-    for buf in (*runner.runner.cache.keys, *runner.runner.cache.values):
-        buf.copy_(torch.randn(buf.shape, generator=g, device="cuda", dtype=torch.float32).to(torch.bfloat16))
-    runner.ids.copy_(torch.randint(0, 128000, runner.ids.shape, generator=g, device="cuda"))
+    runner = filled_runner(ref_model, batches, lengths, use_graphs=False)
     for b in batches:
         for length in lengths:
             runner.pos.fill_(length - 1)
@@ -164,18 +168,15 @@ def main() -> None:
                 got = logits[(variant, b, length)]
                 row[f"{variant}_max_abs_err"] = round(float((got - ref).abs().max()), 4)
                 row[f"{variant}_argmax_equal"] = f"{int((got.argmax(-1) == ref.argmax(-1)).sum())}/{b}"
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            emit(row)
     del runner, ref_model
     kernels.decode.use_triton = fused_use
     for b in batches:
         for length in lengths:
             a, f = logits[("torch", b, length)], logits[("fused", b, length)]
-            row = {"check": "fused vs torch logits", "batch": b, "length": length,
-                   "max_abs_diff": float((a - f).abs().max()), "logit_scale": float(a.abs().max()),
-                   "argmax_equal": f"{int((a.argmax(-1) == f.argmax(-1)).sum())}/{b}"}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            emit({"check": "fused vs torch logits", "batch": b, "length": length,
+                  "max_abs_diff": float((a - f).abs().max()), "logit_scale": float(a.abs().max()),
+                  "argmax_equal": f"{int((a.argmax(-1) == f.argmax(-1)).sum())}/{b}"})
     print("\n| batch | length | torch glue ms | fused ms | fused / floor |")
     print("|---|---|---|---|---|")
     for b in batches:

@@ -73,16 +73,14 @@ class Matcher:
             words = automaton.budget_mask(s, tokens_left - 2)
         else:
             words = automaton.mask(s)
+        n = min(len(words), bitmask.shape[-1])
         if bitmask.device.type == "cpu":  # through numpy: a third of torch's per-call overhead
             row = bitmask.numpy()[index]
-            n = min(len(words), row.shape[0])
             row[:n] = words[:n]
             row[n:] = 0
-            return
-        row = bitmask[index]
-        n = min(len(words), row.shape[0])
-        row[:n].copy_(torch.from_numpy(words[:n]))
-        if row.shape[0] > n:
+        else:
+            row = bitmask[index]
+            row[:n].copy_(torch.from_numpy(words[:n]))
             row[n:].zero_()
 
     def allowed_token_ids(self) -> np.ndarray:

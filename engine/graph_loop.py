@@ -7,7 +7,7 @@ either), different division of work:
   ``kernels.StateTable``). The captured step gathers each row's mask by its state, samples and
   advances the state on the GPU. The host reads back (token, state, miss) once per step and only
   works on misses (a state or transition seen for the first time: computed by constrain,
-  stored, never missed again; a state's transitions are loaded in bulk on its first miss, see
+  stored, never missed again; a state's transitions are loaded in bulk on its second miss, see
   ``StateCache``) and on finished rows. A miss is resolved during the *next* step's forward
   (which reads tokens, not states) and patched in before that step's sample, so host work for
   new states overlaps the GPU instead of stalling it.

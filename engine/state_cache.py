@@ -51,8 +51,7 @@ class StateCache:
         self._grammars: dict[int, tuple[CompiledGrammar, int]] = {}  # id(cg) -> (cg, index)
         self._ids: dict[tuple[int, int], int] = {}  # (grammar index, local) -> global
         self._where: list[tuple[CompiledGrammar, int]] = []  # global -> (cg, local)
-        self._misses_out: dict[int, int] = {}  # state -> misses out of it so far (until expanded)
-        self._expanded: set[int] = set()
+        self._misses_out: dict[int, int] = {}  # state -> misses out of it so far
         self._stored: set[int] = set()  # global ids whose mask row is in the table
         self._default: dict[int, int] = {}  # global id -> its default next global id
         self.misses = 0
@@ -89,12 +88,9 @@ class StateCache:
         for gid, tok in zip(states, tokens):
             self.misses += 1
             cg, local = self._where[gid]
-            if gid not in self._expanded:
-                seen = self._misses_out[gid] = self._misses_out.get(gid, 0) + 1
-                if seen >= EXPAND_ON_MISS:
-                    del self._misses_out[gid]
-                    self._expanded.add(gid)
-                    new.extend(self._expand(gid, cg, local))
+            seen = self._misses_out[gid] = self._misses_out.get(gid, 0) + 1
+            if seen == EXPAND_ON_MISS:
+                new.extend(self._expand(gid, cg, local))
             nxt = cg.next_state(local, int(tok))
             if nxt < 0:
                 out.append(-1)

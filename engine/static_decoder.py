@@ -59,7 +59,7 @@ class StaticDecoder:
         dec = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         self.embed = dec.embed_tokens
         self.layers = list(dec.layers)
-        self.norm = dec.norm
+        self.final_norm = _norm_args(dec.norm)
         self.rotary = dec.rotary_emb
         self.head = model.get_output_embeddings()
         cfg = model.config
@@ -109,7 +109,7 @@ class StaticDecoder:
             else:
                 gate, up = F.linear(x, *self.gate_up[i]).chunk(2, dim=-1)
                 delta = mlp.down_proj(mlp.act_fn(gate) * up)
-        x, _ = add_rms_norm(h, delta, *_norm_args(self.norm))
+        x, _ = add_rms_norm(h, delta, *self.final_norm)
         return self.head(x).float()
 
 
