@@ -28,11 +28,11 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.data import DEFAULT_DATA, REPO_ROOT, expand_subsets, load_cases  # noqa: E402
-from bench.engines import ADAPTERS, ENGINES  # noqa: E402
-from bench.report import build_report  # noqa: E402
-from bench.runner import run_engine  # noqa: E402
-from bench.tok import TOKENIZERS  # noqa: E402
+from bench.data import DEFAULT_DATA, REPO_ROOT, expand_subsets, load_cases
+from bench.engines import ADAPTERS, ENGINES
+from bench.report import build_report
+from bench.runner import run_engine
+from bench.tok import TOKENIZERS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -26,9 +26,9 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import kernels.decode  # noqa: E402
-from bench.engine_graph import LLAMA3_8B, physical_floor  # noqa: E402
-from engine.graph_runner import GraphRunner  # noqa: E402
+from bench.engine_graph import LLAMA3_8B, physical_floor
+from constrain.engine.graph_runner import GraphRunner
+from constrain.kernels import decode as decode_module
 
 
 def time_replays(runner: GraphRunner, rows: int, length: int, iters: int) -> float:
@@ -48,8 +48,16 @@ def time_replays(runner: GraphRunner, rows: int, length: int, iters: int) -> flo
 
 def kernel_checks(batches: list[int], length: int) -> list[dict]:
     """Each fused kernel vs its twin on the GPU, bf16, Llama-3-8B shapes."""
-    from kernels.decode import (add_rms_norm, add_rms_norm_ref, decode_attention, decode_attention_ref,
-                                rope_store_kv, rope_store_kv_ref, silu_mul, silu_mul_ref)
+    from constrain.kernels.decode import (
+        add_rms_norm,
+        add_rms_norm_ref,
+        decode_attention,
+        decode_attention_ref,
+        rope_store_kv,
+        rope_store_kv_ref,
+        silu_mul,
+        silu_mul_ref,
+    )
 
     cfg = LLAMA3_8B
     hid, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -139,10 +147,10 @@ def main() -> None:
 
     for row in kernel_checks(batches, max(lengths)):
         emit(row)
-    fused_use = kernels.decode.use_triton
+    fused_use = decode_module.use_triton
     logits: dict[tuple, torch.Tensor] = {}
     for variant in ("torch", "fused"):
-        kernels.decode.use_triton = fused_use if variant == "fused" else (lambda t: False)
+        decode_module.use_triton = fused_use if variant == "fused" else (lambda t: False)
         runner = filled_runner(model, batches, lengths)
         for b in batches:
             for length in lengths:
@@ -155,7 +163,7 @@ def main() -> None:
         del runner
         torch.cuda.empty_cache()
     # A float32 copy of the same model, same inputs, run eagerly: how far each bf16 variant is from it.
-    kernels.decode.use_triton = lambda t: False  # the reference runs the plain torch arithmetic
+    decode_module.use_triton = lambda t: False  # the reference runs the plain torch arithmetic
     ref_model = copy.deepcopy(model).float()
     runner = filled_runner(ref_model, batches, lengths, use_graphs=False)
     for b in batches:
@@ -170,7 +178,7 @@ def main() -> None:
                 row[f"{variant}_argmax_equal"] = f"{int((got.argmax(-1) == ref.argmax(-1)).sum())}/{b}"
             emit(row)
     del runner, ref_model
-    kernels.decode.use_triton = fused_use
+    decode_module.use_triton = fused_use
     for b in batches:
         for length in lengths:
             a, f = logits[("torch", b, length)], logits[("fused", b, length)]

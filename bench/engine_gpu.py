@@ -30,9 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.api import Engine, Request  # noqa: E402
-from engine.model import LoadedModel, load_model  # noqa: E402
-from engine.runner import ModelRunner  # noqa: E402
+from constrain.engine.api import Engine, Request
+from constrain.engine.model import LoadedModel, load_model
+from constrain.engine.runner import ModelRunner
 
 SCHEMA = {
     "type": "object",

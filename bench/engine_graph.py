@@ -27,11 +27,11 @@ from typing import Any
 import torch
 
 from bench.tok import Tok
-from engine.generate import run_requests
-from engine.graph_loop import GraphScheduler
-from engine.graph_runner import BATCH_BUCKETS, GraphRunner
-from engine.sampler import SamplingParams
-from engine.types import GenerationRequest
+from constrain.engine.generate import run_requests
+from constrain.engine.graph_loop import GraphScheduler
+from constrain.engine.graph_runner import BATCH_BUCKETS, GraphRunner
+from constrain.engine.sampler import SamplingParams
+from constrain.engine.types import GenerationRequest
 
 STATES, TRANSITIONS = 8192, 1 << 20  # state table reserved before timing (no growth, no recapture)
 SCHEMAS = [("Glaiveai2K", 0), ("Glaiveai2K", 2), ("Github_easy", 0), ("Kubernetes", 1)]
@@ -225,8 +225,8 @@ def check_replay(model: Any, tok: Tok, schemas: list[dict], bos: list[int]) -> d
     """Replayed graphs vs the same steps run eagerly, and vs the eager engine (``Scheduler``):
     greedy token ids of 6 constrained + 2 unconstrained requests, 24 tokens."""
     import constrain
-    from engine.runner import ModelRunner
-    from engine.scheduler import Scheduler
+    from constrain.engine.runner import ModelRunner
+    from constrain.engine.scheduler import Scheduler
 
     compiled = [constrain.compile_json_schema(s["schema"], tok.vocab) for s in schemas]
     reqs = make_requests(tok, schemas, compiled, 6, 24, bos) + make_requests(tok, schemas, [], 2, 24, bos)
@@ -264,9 +264,8 @@ def physical_floor(model: Any) -> dict:
 def bench_model(name: str, model: Any, tok: Tok, schemas: list[dict], batches: list[int], modes: list[str],
                 max_tokens: int, hf: bool, emit) -> None:
     """Every mode at every batch for one model; rows go to ``emit``."""
-    from bench.engines import LLGuidance, XGrammar, Constrain
-
     import constrain
+    from bench.engines import Constrain, LLGuidance, XGrammar
 
     bos = [128000] if tok.name == "llama3" else []
     if name == "smollm2":

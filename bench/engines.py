@@ -9,7 +9,8 @@ Every engine is configured for compact JSON (`,` and `:` without spaces) where i
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -35,18 +35,18 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.compare import append_benchmarks, git_commit, machine  # noqa: E402
-from bench.data import REPO_ROOT  # noqa: E402
-from bench.engines import (Compiled, Constrain, LLGuidance, XGrammar, _FactoryCompiled, _LlgMatcher,  # noqa: E402
-                           _StdMatcher)
-from bench.report import pct  # noqa: E402
-from bench.worker import THREAD_ENV  # noqa: E402
+from bench.compare import append_benchmarks, git_commit, machine
+from bench.data import REPO_ROOT
+from bench.engines import Compiled, Constrain, LLGuidance, XGrammar, _FactoryCompiled, _LlgMatcher, _StdMatcher
+from bench.report import pct
+from bench.worker import THREAD_ENV
 
 GRAMMARS = ("json", "sql_select")
 ENGINES = ("constrain", "xgrammar", "llguidance", "xgrammar-builtin")
@@ -82,8 +82,8 @@ class ConstrainG(Constrain):
     options = "grammars.lark_frontend.lark_to_grammar(text) + constrain.compile_grammar(ir, vocab)"
 
     def compile_grammar(self, name: str) -> Compiled:
-        from grammars.builtin import load
-        from grammars.lark_frontend import lark_to_grammar
+        from constrain.grammars.builtin import load
+        from constrain.grammars.lark_frontend import lark_to_grammar
 
         cg = self.constrain.compile_grammar(lark_to_grammar(load(name)), self.tok.vocab)
         return _FactoryCompiled(lambda: _StdMatcher(cg.matcher()))
@@ -94,7 +94,8 @@ class XGrammarG(XGrammar):
 
     def compile_grammar(self, name: str) -> Compiled:
         import xgrammar as xgr
-        from grammars.builtin import load
+
+        from constrain.grammars.builtin import load
 
         cg = self.compiler.compile_lark(load(name))
         return _FactoryCompiled(lambda: _StdMatcher(xgr.GrammarMatcher(cg)))
@@ -116,7 +117,7 @@ class LLGuidanceG(LLGuidance):
     options = "LLMatcher.grammar_from_lark(text), default limits; walks use deep copies of the first matcher"
 
     def compile_grammar(self, name: str) -> Compiled:
-        from grammars.builtin import load
+        from constrain.grammars.builtin import load
 
         llg = self.llg
         m = llg.LLMatcher(self.tokenizer, llg.LLMatcher.grammar_from_lark(load(name)), log_level=0)
@@ -246,7 +247,7 @@ def lark_checker(name: str) -> Callable[[str], str]:
     """doc -> "" if lark's Earley parser (dynamic lexer) accepts it on the grammar, else the error."""
     import lark
 
-    from grammars.builtin import load
+    from constrain.grammars.builtin import load
 
     parser = lark.Lark(load(name), parser="earley", lexer="dynamic")
 
@@ -282,9 +283,9 @@ def build_report(res: dict[str, dict[str, dict]], args: argparse.Namespace) -> t
     verdicts: list[str] = []
     notes: list[str] = []
     checkers = {g: lark_checker(g) for g in args.grammar_list}
-    lines += ["| tokenizer | grammar | engine | first mask ms (p50 of %d) | mask µs mean | p50 | p99 | max | "
-              "tokens | walks fin/trunc/other | lark-sound | same walks as constrain | next %d walks: mask µs mean / p99 |"
-              % (args.reps, args.warm_walks),
+    lines += [f"| tokenizer | grammar | engine | first mask ms (p50 of {args.reps}) | mask µs mean | p50 | p99 | max | "
+              "tokens | walks fin/trunc/other | lark-sound | same walks as constrain | "
+              f"next {args.warm_walks} walks: mask µs mean / p99 |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     summary: dict[tuple[str, str, str], dict[str, float]] = {}
     for tname in args.tok_list:

@@ -21,11 +21,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-import kernels  # noqa: E402
-from kernels import StateTable, apply_token_bitmask_inplace, constrained_step, sample, verify_draft  # noqa: E402
-from kernels.apply_bitmask import apply_token_bitmask_inplace_ref, unpack_bitmask  # noqa: E402
-from kernels.sampling import sample_ref  # noqa: E402
-from kernels.state_table import advance_ref  # noqa: E402
+from constrain.kernels import StateTable, apply_token_bitmask_inplace, constrained_step, sample, verify_draft
+from constrain.kernels.apply_bitmask import apply_token_bitmask_inplace_ref, unpack_bitmask
+from constrain.kernels.sampling import sample_ref
+from constrain.kernels.state_table import advance_ref
 
 DEV = os.environ.get("BENCH_DEVICE", "cuda")
 L2_BYTES = 60 << 20
@@ -156,11 +155,11 @@ def bench_apply(g, batches, vocabs, xgr_apply, rows):
                 nb = 1
             logits = [torch.randn(b, v, device=DEV, generator=g) for _ in range(nb)]
             bm = rand_bitmask(b, v, g)
-            ours = lambda i: apply_token_bitmask_inplace(logits[i], bm)  # noqa: E731
+            ours = lambda i: apply_token_bitmask_inplace(logits[i], bm)
             r = dict(section="apply", batch=b, vocab=v, ours_graph=graph_time_us(ours, nb),
                      ours_py=python_time_us(ours, nb))
             if xgr_apply is not None:
-                xg = lambda i: xgr_apply(logits[i], bm)  # noqa: E731
+                xg = lambda i: xgr_apply(logits[i], bm)
                 r.update(xgr_graph=graph_time_us(xg, nb), xgr_py=python_time_us(xg, nb))
             r["floor_us"] = (b * v * 4 + bm.numel() * 4) / 4.2e12 * 1e6
             rows.append(r)
@@ -178,9 +177,9 @@ def bench_apply_sweep(g, rows):
         res = {}
         sparse = torch.where(torch.rand(bm.shape, device=DEV, generator=g) < 0.02, bm, torch.zeros_like(bm))
         for blk, nw, rm in ((1024, 4, True), (2048, 4, True), (4096, 8, True), (1024, 4, False), (2048, 4, False)):
-            fn = lambda i: apply_token_bitmask_inplace(logits[i], bm, block=blk, num_warps=nw, read_mixed=rm)  # noqa: E731
+            fn = lambda i: apply_token_bitmask_inplace(logits[i], bm, block=blk, num_warps=nw, read_mixed=rm)
             res[f"{blk}/{nw}/{'rw' if rm else 'w'}"] = graph_time_us(fn, nb)
-            fn = lambda i: apply_token_bitmask_inplace(logits[i], sparse, block=blk, num_warps=nw, read_mixed=rm)  # noqa: E731
+            fn = lambda i: apply_token_bitmask_inplace(logits[i], sparse, block=blk, num_warps=nw, read_mixed=rm)
             res[f"sparse {blk}/{nw}/{'rw' if rm else 'w'}"] = graph_time_us(fn, nb)
         r = dict(section="apply_sweep", batch=b, vocab=v, **res)
         rows.append(r)
@@ -282,7 +281,7 @@ def bench_step(g, rows, b=256, v=131072):
     for blk, nw in ((1024, 4), (2048, 4), (2048, 8), (4096, 8)):
         for name, mk in (("sparse", table.masks), ("dense", dense)):
             for mode, tt in (("temp", t), ("greedy", torch.zeros_like(t))):
-                fn = lambda i: sample(logits[i], mk, st_in, temperature=tt, seeds=seeds, block=blk, num_warps=nw)  # noqa: E731
+                fn = lambda i: sample(logits[i], mk, st_in, temperature=tt, seeds=seeds, block=blk, num_warps=nw)
                 r[f"{mode} {name} {blk}/{nw}"] = graph_time_us(fn, nb)
     rows.append(r)
     print(json.dumps(r), flush=True)
@@ -302,7 +301,7 @@ def bench_spec(g, rows, b=64, k=4, v=131072):
     dlog = tlog[:, :k] + 0.3 * torch.randn(b, k, v, device=DEV, generator=g)
     t = torch.ones(b, device=DEV)
     seeds = torch.arange(b, device=DEV, dtype=torch.int64)
-    fn = lambda i: verify_draft(tlog, dlog, dt, table, st, temperature=t, seeds=seeds)  # noqa: E731
+    fn = lambda i: verify_draft(tlog, dlog, dt, table, st, temperature=t, seeds=seeds)
     out, n, chain, flags = fn(0)
     r = dict(section="spec", batch=b, k=k, vocab=v, graph_us=graph_time_us(fn, 1), py_us=python_time_us(fn, 1),
              mean_tokens=float(n.float().mean()), misses=int((flags == 1).sum()))
@@ -368,7 +367,7 @@ def main() -> None:
         from importlib.metadata import version
 
         print("# xgrammar", version("xgrammar"), flush=True)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         print("# xgrammar unavailable:", repr(e), flush=True)
         xgr_apply = None
     rows: list[dict] = []

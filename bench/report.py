@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 BASELINE = "llguidance"
 FINISHED = ("finished", "format", "unsound", "unjudged")   # walk statuses of a completed document

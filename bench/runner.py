@@ -10,8 +10,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from bench.data import REPO_ROOT, Case
 from bench.worker import THREAD_ENV

@@ -4,8 +4,9 @@ and logits width, plus the tokenizer's own canonical encoder for the labelled in
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -18,9 +18,9 @@ from constrain.compiler import (
     compile_lark,
     compile_regex,
 )
+from constrain.grammars.errors import GrammarError, LarkGrammarError, RegexError, SchemaError
 from constrain.matcher import Matcher
 from constrain.vocabulary import Vocabulary
-from grammars.errors import GrammarError, LarkGrammarError, RegexError, SchemaError
 
 _ENGINE_NAMES = ("Engine", "ExtractionError", "Request")
 
@@ -32,7 +32,7 @@ def __getattr__(name: str):
     saves users an import line, as DESIGN.md promises.
     """
     if name in _ENGINE_NAMES:
-        import engine
+        from constrain import engine
 
         return getattr(engine, name)
     raise AttributeError(f"module 'constrain' has no attribute {name!r}")

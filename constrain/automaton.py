@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.ma  # noqa: F401  np.unique imports it on first call: ~100 ms inside a first mask otherwise
+import numpy.ma
 
 from constrain.derivatives import NOTHING, ExprTable
 from constrain.token_trie import TokenTrie, expand_ranges

@@ -6,15 +6,16 @@ import json
 import logging
 import threading
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from constrain.automaton import TokenAutomaton
 from constrain.derivatives import DEFAULT_MAX_STATES, ExprTable
+from constrain.grammars import ir
+from constrain.grammars.errors import GrammarError
 from constrain.matcher import Matcher
-from grammars import ir
-from grammars.errors import GrammarError
 
 log = logging.getLogger("constrain")
 
@@ -124,7 +125,7 @@ def compile_json_schema(schema: dict | bool | str, vocab, **options: Any) -> Com
     Raises ``grammars.errors.SchemaError`` naming the keyword and JSON pointer of anything that
     cannot be enforced.
     """
-    from grammars.json_schema import json_schema_to_grammar
+    from constrain.grammars.json_schema import json_schema_to_grammar
 
     text = schema if isinstance(schema, str) else json.dumps(schema)  # key order matters (property_order="declared")
     key = ("json_schema", text, _vocab_key(vocab), _options_key(options))
@@ -133,7 +134,7 @@ def compile_json_schema(schema: dict | bool | str, vocab, **options: Any) -> Com
 
 def compile_regex(pattern: str, vocab) -> CompiledGrammar:
     """Compile a regular expression (Python ``re`` syntax subset) that must match the whole output."""
-    from grammars.regex import regex_to_ir
+    from constrain.grammars.regex import regex_to_ir
 
     key = ("regex", pattern, _vocab_key(vocab))
     return _cached(key, lambda: compile_grammar(ir.Grammar.of(regex_to_ir(pattern)), vocab))
@@ -141,7 +142,7 @@ def compile_regex(pattern: str, vocab) -> CompiledGrammar:
 
 def compile_lark(text: str, vocab, start: str = "start") -> CompiledGrammar:
     """Compile a Lark grammar."""
-    from grammars.lark_frontend import lark_to_grammar
+    from constrain.grammars.lark_frontend import lark_to_grammar
 
     key = ("lark", text, start, _vocab_key(vocab))
     return _cached(key, lambda: compile_grammar(lark_to_grammar(text, start=start), vocab))

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-from grammars import ir
-from grammars.analysis import INFINITE, MinLength
-from grammars.errors import GrammarError
+from constrain.grammars import ir
+from constrain.grammars.analysis import INFINITE, MinLength
+from constrain.grammars.errors import GrammarError
 
 # Expression kinds.
 K_NOTHING, K_EMPTY, K_BYTES, K_SEQ, K_ALT, K_AND, K_NOT, K_REPEAT, K_REF, K_FRAME, K_UNORDERED = range(11)

@@ -115,7 +115,7 @@ class Matcher:
         """Back to the start of the document."""
         del self._history[1:]
 
-    def fork(self) -> "Matcher":
+    def fork(self) -> Matcher:
         """An independent copy sharing the compiled grammar."""
         other = Matcher(self._automaton)
         other._history = list(self._history)

@@ -10,18 +10,18 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Engine": "engine.api",
-    "Request": "engine.api",
-    "ExtractionError": "engine.api",
-    "LengthError": "engine.api",
-    "GenerationResult": "engine.types",
-    "GenerationRequest": "engine.types",
-    "SamplingParams": "engine.sampler",
-    "Scheduler": "engine.scheduler",
-    "load_model": "engine.model",
-    "ModelLoadError": "engine.model",
-    "ConstrainLogitsProcessor": "engine.hf_processor",
-    "build_logits_processor": "engine.hf_processor",
+    "Engine": "constrain.engine.api",
+    "Request": "constrain.engine.api",
+    "ExtractionError": "constrain.engine.api",
+    "LengthError": "constrain.engine.api",
+    "GenerationResult": "constrain.engine.types",
+    "GenerationRequest": "constrain.engine.types",
+    "SamplingParams": "constrain.engine.sampler",
+    "Scheduler": "constrain.engine.scheduler",
+    "load_model": "constrain.engine.model",
+    "ModelLoadError": "constrain.engine.model",
+    "ConstrainLogitsProcessor": "constrain.engine.hf_processor",
+    "build_logits_processor": "constrain.engine.hf_processor",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -18,13 +18,13 @@ from typing import Any, Literal
 import torch
 
 from constrain import CompiledGrammar, Vocabulary
-from engine.constraints import Constraint, schema_dict
-from engine.generate import run_requests
-from engine.model import LoadedModel, load_model
-from engine.runner import ModelRunner
-from engine.sampler import SamplingParams
-from engine.scheduler import Scheduler
-from engine.types import GenerationRequest, GenerationResult
+from constrain.engine.constraints import Constraint, schema_dict
+from constrain.engine.generate import run_requests
+from constrain.engine.model import LoadedModel, load_model
+from constrain.engine.runner import ModelRunner
+from constrain.engine.sampler import SamplingParams
+from constrain.engine.scheduler import Scheduler
+from constrain.engine.types import GenerationRequest, GenerationResult
 
 logger = logging.getLogger("constrain")
 
@@ -98,7 +98,7 @@ class Engine:
         device: str = "cpu",
         dtype: torch.dtype | None = None,
         max_batch: int | None = None,
-    ) -> "Engine":
+    ) -> Engine:
         """Load a local model folder or ``.gguf`` file (default: the SmolLM2-135M demo model)."""
         return cls(load_model(path, device=device, dtype=dtype), max_batch=max_batch)
 

@@ -85,7 +85,7 @@ def _read_text(path: str, what: str) -> str:
 def _grammar_text(arg: str) -> str:
     if Path(arg).is_file():
         return _read_text(arg, "grammar")
-    import grammars
+    from constrain import grammars
 
     builtin = Path(grammars.__file__).parent / f"{arg}.lark"
     if builtin.is_file():
@@ -153,8 +153,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 
 def _compile_or_fail(vocab: Any, kwargs: dict[str, Any]) -> Any:
-    from engine.constraints import Constraint
-    from grammars.errors import GrammarError
+    from constrain.engine.constraints import Constraint
+    from constrain.grammars.errors import GrammarError
 
     try:
         c = Constraint.from_args(**kwargs)
@@ -182,12 +182,12 @@ def _dump_rows(f: TextIO, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from engine.model import ModelLoadError
+    from constrain.engine.model import ModelLoadError
 
     _check_numbers(args)
     kwargs = constraint_kwargs(args)
     items = read_prompts(args.input) if args.input else [{"prompt": p} for p in args.prompt]
-    from engine.api import Engine, Request
+    from constrain.engine.api import Engine, Request
 
     try:
         engine = Engine.from_pretrained(args.model, device=args.device, max_batch=args.batch_size)
@@ -234,7 +234,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from constrain import Vocabulary, allocate_token_bitmask
-    from engine.model import ModelLoadError, load_tokenizer
+    from constrain.engine.model import ModelLoadError, load_tokenizer
 
     kwargs = constraint_kwargs(args)
     if not kwargs:

@@ -66,7 +66,7 @@ class Constraint:
         grammar: str | None = None,
         choices: Sequence[str] | None = None,
         json_options: Mapping[str, Any] | None = None,
-    ) -> "Constraint | None":
+    ) -> Constraint | None:
         """At most one of the arguments; None when none is given (unconstrained)."""
         given = {k: v for k, v in (("json_schema", json_schema), ("regex", regex),
                                    ("grammar", grammar), ("choices", choices)) if v is not None}

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from engine.scheduler import Scheduler
-from engine.types import GenerationRequest, GenerationResult
+from constrain.engine.scheduler import Scheduler
+from constrain.engine.types import GenerationRequest, GenerationResult
 
 
 def run_requests(

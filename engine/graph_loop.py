@@ -38,9 +38,9 @@ import numpy as np
 import torch
 
 from constrain import Matcher, Vocabulary
-from engine.graph_runner import BATCH_BUCKETS, GraphRunner, batch_bucket, seed_base
-from engine.state_cache import StateCache
-from engine.types import GenerationRequest, GenerationResult
+from constrain.engine.graph_runner import BATCH_BUCKETS, GraphRunner, batch_bucket, seed_base
+from constrain.engine.state_cache import StateCache
+from constrain.engine.types import GenerationRequest, GenerationResult
 
 logger = logging.getLogger("constrain")
 

@@ -29,9 +29,9 @@ import logging
 
 import torch
 
-from engine.runner import ModelRunner
-from engine.static_decoder import StaticDecoder
-from kernels import StateTable, constrained_step, sample
+from constrain.engine.runner import ModelRunner
+from constrain.engine.static_decoder import StaticDecoder
+from constrain.kernels import StateTable, constrained_step, sample
 
 logger = logging.getLogger("constrain")
 
@@ -162,7 +162,7 @@ class GraphRunner:
         for length in lengths:
             key = ("fwd", rows, length)
             if key not in self._graphs:
-                self._graphs[key] = self._capture(lambda: self._forward(rows, length))
+                self._graphs[key] = self._capture(lambda length=length: self._forward(rows, length))
 
     def fetch(self, rows: int) -> torch.Tensor:
         """(3, rows) int64 on the host: sampled token, state after, miss flag. Synchronises."""

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from constrain import CompiledGrammar, Matcher, Vocabulary, allocate_token_bitmask
-from engine.constraints import Constraint
-from engine.sampler import apply_bitmask
+from constrain.engine.constraints import Constraint
+from constrain.engine.sampler import apply_bitmask
 
 try:
     from transformers import LogitsProcessor

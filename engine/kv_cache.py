@@ -49,7 +49,7 @@ class SlotKVCache:
         self._row_index: torch.Tensor | None = None
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, max_slots: int, max_len: int) -> "SlotKVCache":
+    def for_model(cls, model: torch.nn.Module, max_slots: int, max_len: int) -> SlotKVCache:
         """Size the buffers from a transformers config (GQA-aware)."""
         cfg = model.config
         cfg = getattr(cfg, "get_text_config", lambda: cfg)()

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.kv_cache import SlotKVCache
+from constrain.engine.kv_cache import SlotKVCache
 
 logger = logging.getLogger("constrain")
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-logger = logging.getLogger("constrain")
+from constrain.kernels import apply_token_bitmask_inplace as _apply_bitmask
+from constrain.kernels import sample as _fused_sample
 
-from kernels import apply_token_bitmask_inplace as _apply_bitmask
-from kernels import sample as _fused_sample
+logger = logging.getLogger("constrain")
 
 _MIX = 0x9E3779B97F4A7C15
 _MASK63 = (1 << 63) - 1

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from constrain import Matcher, Vocabulary, allocate_token_bitmask
-from engine.runner import ModelRunner
-from engine.sampler import sample
-from engine.types import GenerationRequest, GenerationResult
+from constrain.engine.runner import ModelRunner
+from constrain.engine.sampler import sample
+from constrain.engine.types import GenerationRequest, GenerationResult
 
 logger = logging.getLogger("constrain")
 

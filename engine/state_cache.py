@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from constrain import CompiledGrammar
-from kernels import StateTable
+from constrain.kernels import StateTable
 
 EXPAND_ON_MISS = 2  # the miss out of a state that loads all its transitions (see the docstring)
 EXPAND_MAX_NEXT = 64  # load all transitions of a state when they reach at most this many states

@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.kv_cache import SlotKVCache
-from kernels.decode import add_rms_norm, decode_attention, rope_store_kv, silu_mul
+from constrain.engine.kv_cache import SlotKVCache
+from constrain.kernels.decode import add_rms_norm, decode_attention, rope_store_kv, silu_mul
 
 _FAMILIES = {"llama", "mistral", "qwen2", "qwen3"}
 

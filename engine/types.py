@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from constrain import CompiledGrammar
-from engine.sampler import SamplingParams
+from constrain.engine.sampler import SamplingParams
 
 FinishReason = Literal["stop", "length"]
 

@@ -3,10 +3,10 @@ which rules reach which, which sit on a cycle, and rewriting references."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-from grammars import ir
-from grammars.ir import Node, alt, repeat, seq
+from constrain.grammars import ir
+from constrain.grammars.ir import Node, alt, repeat, seq
 
 __all__ = ["children", "refs", "reachable_rules", "RefMapper", "cyclic_components", "rule_min_lengths", "MinLength", "INFINITE"]
 

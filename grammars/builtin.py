@@ -13,14 +13,15 @@ its IR. The built-ins can also be imported from other Lark grammars: ``%import j
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from collections.abc import Mapping
+from functools import cache
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any
 
-from grammars import ir
-from grammars.errors import GrammarError
-from grammars.analysis import RefMapper, reachable_rules
-from grammars.lark_frontend import lark_to_grammar
+from constrain.grammars import ir
+from constrain.grammars.analysis import RefMapper, reachable_rules
+from constrain.grammars.errors import GrammarError
+from constrain.grammars.lark_frontend import lark_to_grammar
 
 __all__ = ["names", "load", "builtin_grammar", "tool_call_grammar"]
 
@@ -39,7 +40,7 @@ def load(name: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
-@lru_cache(maxsize=None)
+@cache
 def builtin_grammar(name: str, start: str = "start") -> ir.Grammar:
     """The IR of built-in grammar ``name``."""
     return lark_to_grammar(load(name), start=start)
@@ -55,7 +56,7 @@ def tool_call_grammar(tools: Mapping[str, Mapping[str, Any] | bool], **schema_op
     name and the arguments are bound together: a tool's arguments are checked against that
     tool's schema only.
     """
-    from grammars.json_schema import json_schema_to_grammar
+    from constrain.grammars.json_schema import json_schema_to_grammar
 
     if not tools:
         raise GrammarError("tool_call_grammar needs at least one tool")

@@ -16,9 +16,9 @@ simplify as they go (an ``Alt`` of one item is that item, a ``Seq`` containing `
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Iterable, Mapping
 
 __all__ = [
     "Node", "Bytes", "Seq", "Alt", "And", "Not", "Repeat", "Ref", "Unordered", "Grammar",
@@ -171,12 +171,12 @@ class Grammar:
     def min_lengths(self) -> dict[str, float]:
         """Shortest match length per rule (``grammars.analysis.rule_min_lengths``), computed once
         and shared by the front end that checks satisfiability and the compiler."""
-        from grammars.analysis import rule_min_lengths  # analysis builds on this module
+        from constrain.grammars.analysis import rule_min_lengths  # analysis builds on this module
 
         return rule_min_lengths(self.rules)
 
     @staticmethod
-    def of(node: Node) -> "Grammar":
+    def of(node: Node) -> Grammar:
         """A grammar whose language is that of one rule-free expression."""
         return Grammar({"start": node}, "start")
 

@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from lark import load_grammar as _lg
 from lark.exceptions import GrammarError as _LarkError
@@ -56,12 +56,12 @@ from lark.grammar import NonTerminal, Terminal
 from lark.lexer import PatternStr, Token
 from lark.tree import Tree
 
-from grammars import ir
-from grammars.analysis import INFINITE, RefMapper, cyclic_components, reachable_rules, refs, rule_min_lengths
-from grammars.errors import LarkGrammarError, RegexError
-from grammars.ir import EMPTY, NOTHING, Node, alt, optional, ref, repeat, seq
-from grammars.regex import regex_to_ir
-from grammars.unicode import char_class
+from constrain.grammars import ir
+from constrain.grammars.analysis import INFINITE, RefMapper, cyclic_components, reachable_rules, refs, rule_min_lengths
+from constrain.grammars.errors import LarkGrammarError, RegexError
+from constrain.grammars.ir import EMPTY, NOTHING, Node, alt, optional, ref, repeat, seq
+from constrain.grammars.regex import regex_to_ir
+from constrain.grammars.unicode import char_class
 
 __all__ = ["lark_to_grammar", "BUILTIN_DIR"]
 
@@ -88,7 +88,7 @@ def lark_to_grammar(text: str, start: str = "start", *, import_paths: Sequence[s
 
 # ------------------------------------------------------------------------------------ loading
 
-def _load(text: str, import_paths: list[str]) -> "_lg.Grammar":
+def _load(text: str, import_paths: list[str]) -> _lg.Grammar:
     builder = _lg.GrammarBuilder(import_paths=import_paths)
     try:
         builder.load_grammar(text, "<string>")
@@ -172,7 +172,7 @@ class _Lines:
 # --------------------------------------------------------------------------------- conversion
 
 class _Converter:
-    def __init__(self, text: str, loaded: "_lg.Grammar", start: str) -> None:
+    def __init__(self, text: str, loaded: _lg.Grammar, start: str) -> None:
         self.text = text
         self._lines: _Lines | None = None
         self.templates: dict[str, tuple[tuple[str, ...], Tree]] = {}

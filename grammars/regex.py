@@ -22,12 +22,13 @@ end of the text. Lookaheads anywhere else (inside a repeat, another lookahead's 
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
-from grammars.errors import RegexError
-from grammars.ir import EMPTY, Node, alt, complement, intersect, optional, repeat, seq
-from grammars.regex_parser import Anchor, Ast, Chars, Concat, Group, Look, Quant, Alternation, parse
-from grammars.unicode import MAX_CODE_POINT, char_class
+from constrain.grammars.errors import RegexError
+from constrain.grammars.ir import EMPTY, Node, alt, complement, intersect, optional, repeat, seq
+from constrain.grammars.regex_parser import Alternation, Anchor, Ast, Chars, Concat, Group, Look, Quant, parse
+from constrain.grammars.unicode import MAX_CODE_POINT, char_class
 
 __all__ = ["regex_to_ir"]
 

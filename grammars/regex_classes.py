@@ -12,10 +12,10 @@ from __future__ import annotations
 import bisect
 import functools
 import unicodedata
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable
 
-from grammars.unicode import MAX_CODE_POINT, Ranges, negate, normalize, subtract
+from constrain.grammars.unicode import MAX_CODE_POINT, Ranges, negate, normalize, subtract
 
 __all__ = [
     "python_class", "ecma_class", "fold_python", "fold_ascii", "general_category",
@@ -47,7 +47,7 @@ def _ranges_where(pred: Callable[[str], bool]) -> Ranges:
     return out
 
 
-@lru_cache(maxsize=None)
+@functools.cache
 def _unicode_set(name: str) -> tuple[tuple[int, int], ...]:
     preds: dict[str, Callable[[str], bool]] = {
         "d": str.isdecimal,
@@ -76,7 +76,8 @@ def ecma_class(letter: str) -> Ranges:
 # --- case folding ------------------------------------------------------------------------------
 
 try:  # CPython's own lowercase/cased tables, the ones `re` uses.
-    from _sre import unicode_iscased as _iscased, unicode_tolower as _tolower
+    from _sre import unicode_iscased as _iscased
+    from _sre import unicode_tolower as _tolower
 except ImportError:  # pragma: no cover - other interpreters
     def _tolower(cp: int) -> int:
         low = chr(cp).lower()

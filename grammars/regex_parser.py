@@ -18,14 +18,19 @@ from __future__ import annotations
 
 import unicodedata
 from dataclasses import dataclass, replace
-from typing import Literal, Union
+from typing import Literal
 
-from grammars.errors import RegexError
-from grammars.regex_classes import (
-    ECMA_LINE_TERMINATORS, UnknownProperty, ecma_class, fold_ascii, fold_python,
-    general_category, python_class,
+from constrain.grammars.errors import RegexError
+from constrain.grammars.regex_classes import (
+    ECMA_LINE_TERMINATORS,
+    UnknownProperty,
+    ecma_class,
+    fold_ascii,
+    fold_python,
+    general_category,
+    python_class,
 )
-from grammars.unicode import MAX_CODE_POINT, Ranges, negate, normalize
+from constrain.grammars.unicode import MAX_CODE_POINT, Ranges, negate, normalize
 
 __all__ = ["Chars", "Concat", "Alternation", "Group", "Quant", "Anchor", "Look", "Ast", "parse", "MAX_REPEAT"]
 
@@ -45,24 +50,24 @@ class Chars:
 
 @dataclass(frozen=True)
 class Concat:
-    items: tuple["Ast", ...]
+    items: tuple[Ast, ...]
 
 
 @dataclass(frozen=True)
 class Alternation:
-    items: tuple["Ast", ...]
+    items: tuple[Ast, ...]
 
 
 @dataclass(frozen=True)
 class Group:
     """A parenthesised sub-pattern (kept so anchors inside ``(^a$)|(^b$)`` can be found)."""
 
-    item: "Ast"
+    item: Ast
 
 
 @dataclass(frozen=True)
 class Quant:
-    item: "Ast"
+    item: Ast
     min: int
     max: int | None
 
@@ -86,12 +91,12 @@ class Look:
     """A lookahead ``(?=item)`` (``negative``: ``(?!item)``) found at ``pos``; the builder decides
     where it can be enforced."""
 
-    item: "Ast"
+    item: Ast
     negative: bool
     pos: int
 
 
-Ast = Union[Chars, Concat, Alternation, Group, Quant, Anchor, Look]
+Ast = Chars | Concat | Alternation | Group | Quant | Anchor | Look
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ encodings of those code points (surrogates D800-DFFF are never produced: they ar
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
-from grammars.ir import NOTHING, Bytes, Node, alt, seq
+from constrain.grammars.ir import NOTHING, Bytes, Node, alt, seq
 
 MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)

@@ -21,7 +21,6 @@ import torch
 
 from ._common import HAS_TRITON, tl, triton, use_triton
 
-
 # ------------------------------------------------------------------------------ twins (reference)
 
 def add_rms_norm_ref(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
@@ -300,7 +299,7 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (the interpreter on a CPU: pretend 4)."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4

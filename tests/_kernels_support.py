@@ -19,7 +19,8 @@ if _SET_HERE:
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import kernels  # noqa: E402
+from constrain import kernels  # noqa: E402
+
 # TRITON_INTERPRET stays set: triton reads it again later (lazy imports check it).
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -17,7 +17,7 @@ import lark
 @functools.lru_cache(maxsize=1)
 def engine() -> Any:
     """The demo model (SmolLM2-135M-Instruct) on CPU; loaded once per test process."""
-    from engine.api import Engine
+    from constrain.engine.api import Engine
 
     return Engine.from_pretrained(device="cpu", max_batch=16)
 

@@ -9,8 +9,8 @@ import time
 import pytest
 
 import constrain
+from constrain.grammars.errors import GrammarError, RegexError, SchemaError
 from constrain.tokenizers import llama3
-from grammars.errors import GrammarError, RegexError, SchemaError
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from constrain.derivatives import ExprTable, matches
-from grammars import ir
+from constrain.grammars import ir
 
 ALPHABET = b"ab"
 MAX_LEN = 4
@@ -105,7 +105,7 @@ def test_recursive_rules_expand_lazily_to_any_depth() -> None:
 def test_left_recursion_is_reported() -> None:
     import pytest
 
-    from grammars.errors import GrammarError
+    from constrain.grammars.errors import GrammarError
 
     g = ir.Grammar({"start": ir.alt(ir.literal("x"), ir.seq(ir.ref("start"), ir.literal("y")))})
     with pytest.raises(GrammarError, match="left-recursive"):
@@ -122,7 +122,7 @@ def test_liveness_learnt_from_earlier_searches_equals_fresh_searches() -> None:
     """Searches record live paths and dead regions; every later answer must equal a search
     from scratch in a table that never asked about liveness."""
     from constrain.derivatives import INFINITE, NOTHING
-    from grammars.regex import regex_to_ir
+    from constrain.grammars.regex import regex_to_ir
 
     node = ir.alt(ir.intersect(regex_to_ir(r"[a-d]*abc[a-d]*"), regex_to_ir(r"([a-d][a-d])*"),
                                ir.complement(regex_to_ir(r".*dd.*")), regex_to_ir(r"[a-c]*d?[a-c]*")),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import EXIT_BAD_INPUT, main
+from constrain.engine.cli import EXIT_BAD_INPUT, main
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from engine.constraints import Constraint
-from engine.generate import run_requests
-from engine.graph_loop import GraphScheduler
-from engine.graph_runner import GraphRunner
-from engine.runner import ModelRunner
-from engine.sampler import SamplingParams
-from engine.scheduler import Scheduler
-from engine.static_decoder import StaticDecoder
-from engine.types import GenerationRequest
 from engine_support import PERSON_SCHEMA, engine
+
+from constrain.engine.constraints import Constraint
+from constrain.engine.generate import run_requests
+from constrain.engine.graph_loop import GraphScheduler
+from constrain.engine.graph_runner import GraphRunner
+from constrain.engine.runner import ModelRunner
+from constrain.engine.sampler import SamplingParams
+from constrain.engine.scheduler import Scheduler
+from constrain.engine.static_decoder import StaticDecoder
+from constrain.engine.types import GenerationRequest
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -91,7 +91,7 @@ def test_graph_path_equals_eager_path(mode: str, temperature: float) -> None:
 def test_wide_states_get_a_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """States wider than EXPAND_MAX_TOKENS get a default next state plus hashed exceptions; the
     tokens equal the eager path's and the table then serves their steps without misses."""
-    import engine.state_cache as sc
+    import constrain.engine.state_cache as sc
 
     monkeypatch.setattr(sc, "EXPAND_MAX_TOKENS", 8)  # the test vocabulary is small
     monkeypatch.setattr(sc, "EXPAND_ON_MISS", 1)  # two short requests miss out of a state once

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from engine.hf_processor import build_logits_processor
-from engine.model import ModelLoadError, load_model
 from engine_support import engine
+
+from constrain.engine.hf_processor import build_logits_processor
+from constrain.engine.model import ModelLoadError, load_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 

@@ -30,7 +30,7 @@ def _sample(cases, every: int):
 def test_jsonschemabench_sample_is_sound_and_mostly_covered():
     cases = _sample(bench_cases(None, None), 60)
     outcomes = {}
-    for subset, name, schema, tests in cases:
+    for _subset, name, schema, tests in cases:
         outcome, detail = check(schema, tests, OPTIONS, timeout=20)
         assert outcome != "accept_invalid", f"{name}: accepted an invalid instance {detail}"
         assert outcome != "crash", f"{name}: {detail}"

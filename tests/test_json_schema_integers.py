@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 
 from constrain.derivatives import matches
-from grammars.json_schema import json_schema_to_grammar
+from constrain.grammars.json_schema import json_schema_to_grammar
 
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
 

@@ -10,8 +10,8 @@ import jsonschema
 import pytest
 
 from constrain.derivatives import matches
-from grammars.errors import SchemaError
-from grammars.json_schema import json_schema_to_grammar
+from constrain.grammars.errors import SchemaError
+from constrain.grammars.json_schema import json_schema_to_grammar
 
 
 def dump(v) -> bytes:
@@ -110,7 +110,8 @@ def test_regex_and_uri_template_formats_are_enforced():
 
 
 def test_generated_regex_formats_compile_in_python_and_are_a_subset():
-    from hypothesis import given, settings, strategies as st
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 
     g = json_schema_to_grammar({"type": "string", "format": "regex"})
     alphabet = "ab^$.|?*+()[]{}\\-/dws09az,AZ"

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from constrain.derivatives import matches
-from grammars.errors import SchemaError
-from grammars.json_schema import json_schema_to_grammar
+from constrain.grammars.errors import SchemaError
+from constrain.grammars.json_schema import json_schema_to_grammar
 
 
 def dump(v) -> bytes:

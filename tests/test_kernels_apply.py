@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _kernels_support import DEVICE, needs_kernels, rand_words
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _kernels_support import DEVICE, needs_kernels, rand_words
-from kernels import apply_token_bitmask_inplace, apply_token_bitmask_inplace_ref, unpack_bitmask
+from constrain.kernels import apply_token_bitmask_inplace, apply_token_bitmask_inplace_ref, unpack_bitmask
 
 
 def test_unpack_bitmask_layout() -> None:

@@ -7,14 +7,21 @@ built from these kernels is checked against the eager forward (bench/engine_grap
 
 from __future__ import annotations
 
-from _kernels_support import DEVICE, needs_kernels  # first: it may set TRITON_INTERPRET
-
 import pytest
 import torch
+from _kernels_support import DEVICE, needs_kernels  # first: it may set TRITON_INTERPRET
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-from kernels.decode import (add_rms_norm, add_rms_norm_ref, decode_attention, decode_attention_ref, rope_store_kv,
-                            rope_store_kv_ref, silu_mul, silu_mul_ref)
+from constrain.kernels.decode import (
+    add_rms_norm,
+    add_rms_norm_ref,
+    decode_attention,
+    decode_attention_ref,
+    rope_store_kv,
+    rope_store_kv_ref,
+    silu_mul,
+    silu_mul_ref,
+)
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=4e-2, rtol=2e-2)}
 

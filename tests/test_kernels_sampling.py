@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 
 import torch
+from _kernels_support import DEVICE, chi2_pvalue, needs_kernels, rand_words
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _kernels_support import DEVICE, chi2_pvalue, needs_kernels, rand_words
-from kernels import sample, sample_ref, unpack_bitmask
-from kernels import sampling as S
+from constrain.kernels import sample, sample_ref, unpack_bitmask
+from constrain.kernels import sampling as S
 
 BLOCK = 32  # small blocks keep the interpreter quick; chunking is still exercised (V > BLOCK)
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-
 from _kernels_support import DEVICE, chi2_pvalue, needs_kernels, rand_words
-from kernels import StateTable, unpack_bitmask, verify_draft, verify_draft_ref
+
+from constrain.kernels import StateTable, unpack_bitmask, verify_draft, verify_draft_ref
 
 
 def _setup(seed: int, b: int, k: int, v: int, n_states: int = 5):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-
 from _kernels_support import DEVICE, needs_kernels
-from kernels import StateTable, advance_ref
+
+from constrain.kernels import StateTable, advance_ref
 
 
 def _check(table: StateTable, truth: dict[tuple[int, int], int], present: set[int], g: torch.Generator) -> None:

@@ -16,9 +16,9 @@ import pytest
 
 import constrain
 from constrain import tokenizers
-from grammars.builtin import builtin_grammar, load, names, tool_call_grammar
-from grammars.errors import GrammarError
-from grammars.lark_frontend import BUILTIN_DIR
+from constrain.grammars.builtin import builtin_grammar, load, names, tool_call_grammar
+from constrain.grammars.errors import GrammarError
+from constrain.grammars.lark_frontend import BUILTIN_DIR
 from tests.lark_sampling import LarkSampler
 
 GRAMMARS = ("json", "sql_select", "expr", "tool_call")
@@ -225,7 +225,7 @@ TOOLS = {
 
 
 def test_tool_call_grammar_binds_names_to_schemas():
-    pytest.importorskip("grammars.json_schema")
+    pytest.importorskip("constrain.grammars.json_schema")
     try:
         grammar = tool_call_grammar(TOOLS)
     except ImportError:
@@ -245,8 +245,8 @@ def test_tool_call_grammar_binds_names_to_schemas():
            {"name": "other", "arguments": {}},
            {"name": "add", "arguments": {"a": 1}}]
     for call in good:
-        text = '{"name": %s, "arguments": %s}' % (json.dumps(call["name"]),
-                                                   json.dumps(call["arguments"], separators=(",", ":")))
+        arguments = json.dumps(call["arguments"], separators=(",", ":"))
+        text = f'{{"name": {json.dumps(call["name"])}, "arguments": {arguments}}}'
         assert lark_accepts("tool_call", text)
         assert accepts(text), text
     for call in bad:

@@ -15,8 +15,8 @@ import pytest
 
 import constrain
 from constrain.derivatives import NOTHING, ExprTable
-from grammars.errors import GrammarError, LarkGrammarError
-from grammars.lark_frontend import lark_to_grammar
+from constrain.grammars.errors import GrammarError, LarkGrammarError
+from constrain.grammars.lark_frontend import lark_to_grammar
 
 
 def accepts_ours(grammar, strings):

@@ -9,10 +9,10 @@ import torch
 
 import constrain
 from constrain.derivatives import NOTHING
+from constrain.grammars import ir
+from constrain.grammars.errors import GrammarError
+from constrain.grammars.unicode import char_class
 from constrain.tokenizers import gpt2, tekken
-from grammars import ir
-from grammars.errors import GrammarError
-from grammars.unicode import char_class
 
 STRING_CHAR = ir.alt(
     char_class([(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x10FFFF)]),

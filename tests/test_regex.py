@@ -8,17 +8,18 @@ strings generated from the pattern itself (matches), so both directions are exer
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from constrain.derivatives import matches
-from grammars.errors import RegexError
-from grammars.ir import Node, Repeat, alt, literal
-from grammars.regex import regex_to_ir
-from grammars.regex_parser import Chars, parse
-from grammars.unicode import char_class, normalize, subtract
+from constrain.grammars.errors import RegexError
+from constrain.grammars.ir import Node, Repeat, alt, literal
+from constrain.grammars.regex import regex_to_ir
+from constrain.grammars.regex_parser import Chars, parse
+from constrain.grammars.unicode import char_class, normalize, subtract
 
 ALPHABET = "ab c0_-\n.αβ\u212aKk\u00e9\u0661"
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
@@ -43,7 +44,7 @@ ECMA_SEARCH_PATTERNS = [
 ]
 
 
-@lru_cache(maxsize=None)
+@cache
 def ir(pattern: str, dialect: str = "python", search: bool = False) -> Node:
     return regex_to_ir(pattern, dialect=dialect, search=search)  # type: ignore[arg-type]
 

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 import constrain
 from constrain.automaton import trie_for
 from constrain.derivatives import NOTHING
+from constrain.grammars import ir
 from constrain.token_trie import TokenTrie
 from constrain.tokenizers import tekken
-from grammars import ir
 
 
 def check_nodes(trie: TokenTrie, token_bytes: list[bytes | None], nodes) -> None:

@@ -14,8 +14,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from constrain import Vocabulary  # noqa: E402
-from constrain import tokenizers as T  # noqa: E402
+from constrain import Vocabulary
+from constrain import tokenizers as T
 
 TRICKY = [
     "hello world", "Hello, World!", " leading space", "trailing space ", "  two leading", "a  b   c    d",
@@ -119,13 +119,13 @@ def _make_ref(name: str) -> Ref:
         pkg = T.qwen25_tokenizer()
         special, added = T.qwen25_special_tokens()
         added_bytes = {i: t.encode() for t, i in added.items()}
-        own = lambda i: pkg.decoder[i] if i < T.QWEN25_FIRST_SPECIAL else added_bytes.get(i)  # noqa: E731
+        own = lambda i: pkg.decoder[i] if i < T.QWEN25_FIRST_SPECIAL else added_bytes.get(i)
         return Ref(T.qwen25(), lambda s: pkg.encode(s, allowed_special=set()), T.QWEN25_FIRST_SPECIAL + 22,
                    set(special.values()), {pkg.im_end_id, pkg.eod_id}, own_bytes=own,
                    expect=lambda text: unicodedata.normalize("NFC", text).encode())  # the package NFC-normalizes
     if name == "tekken":
         tk = T.tekken_tokenizer()
-        own = lambda i: None if i < tk.num_special_tokens else tk.id_to_byte_piece(i)  # noqa: E731
+        own = lambda i: None if i < tk.num_special_tokens else tk.id_to_byte_piece(i)
         return Ref(T.tekken(), lambda s: tk.encode(s, bos=False, eos=False), tk.n_words,
                    set(range(tk.num_special_tokens)), {tk.eos_id}, own_bytes=own)
     raise KeyError(name)

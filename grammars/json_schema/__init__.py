@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
-from grammars.errors import SchemaError
-from grammars.ir import Grammar
-from grammars.json_schema.document import load_schema
-from grammars.json_schema.translate import Options, Translator
+from constrain.grammars.errors import SchemaError
+from constrain.grammars.ir import Grammar
+from constrain.grammars.json_schema.document import load_schema
+from constrain.grammars.json_schema.translate import Options, Translator
 
 __all__ = ["json_schema_to_grammar", "Options"]
 

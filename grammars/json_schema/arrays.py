@@ -10,21 +10,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from grammars.errors import SchemaError
-from grammars.ir import EMPTY, NOTHING, Node, alt, intersect, optional, ref, repeat, seq
-from grammars.json_schema.document import Sub
-from grammars.json_schema.literals import dedupe_values
-from grammars.json_schema.shapes import Shape
+from constrain.grammars.errors import SchemaError
+from constrain.grammars.ir import EMPTY, NOTHING, Node, alt, intersect, optional, ref, repeat, seq
+from constrain.grammars.json_schema.document import Sub
+from constrain.grammars.json_schema.literals import dedupe_values
+from constrain.grammars.json_schema.shapes import Shape
 
 if TYPE_CHECKING:
-    from grammars.json_schema.translate import Translator
+    from constrain.grammars.json_schema.translate import Translator
 
 __all__ = ["array_ir"]
 
 MAX_UNIQUE_VALUES = 10
 
 
-def _list(t: "Translator", first: Node, rest: Node, lo: int, hi: int | None, *, leading: bool) -> Node:
+def _list(t: Translator, first: Node, rest: Node, lo: int, hi: int | None, *, leading: bool) -> Node:
     """``lo..hi`` elements; ``leading``: no element came before (so no comma before the first)."""
     if hi is not None and hi < lo:
         return NOTHING
@@ -37,11 +37,11 @@ def _list(t: "Translator", first: Node, rest: Node, lo: int, hi: int | None, *, 
     return body if lo > 0 else optional(body)
 
 
-def _wrap(t: "Translator", body: Node) -> Node:
+def _wrap(t: Translator, body: Node) -> Node:
     return t.container("[", body, "]")
 
 
-def array_ir(t: "Translator", sh: Shape) -> Node:
+def array_ir(t: Translator, sh: Shape) -> Node:
     """The IR of arrays satisfying the array keywords of ``sh``."""
     p = sh.pointer
     width = max((len(a.prefix) for a in sh.arrays), default=0)
@@ -87,7 +87,7 @@ def array_ir(t: "Translator", sh: Shape) -> Node:
     return intersect(*parts) if len(parts) > 1 else node
 
 
-def _contains(t: "Translator", sh: Shape, c: Any, rest_subs: list[Sub], width: int) -> Node:
+def _contains(t: Translator, sh: Shape, c: Any, rest_subs: list[Sub], width: int) -> Node:
     """Arrays with ``c.min``..``c.max`` elements matching ``c.sub`` (elements otherwise as ``items``)."""
     if width:
         raise SchemaError("'contains' together with prefixItems is not supported", c.sub.pointer, "contains")
@@ -113,7 +113,7 @@ MAX_UNIQUE_STATES = 4096
 MAX_INTEGER_SPAN = 32
 
 
-def _finite_values(t: "Translator", subs: list[Sub]) -> list[Any] | None:
+def _finite_values(t: Translator, subs: list[Sub]) -> list[Any] | None:
     """Every value satisfying all of ``subs`` when they are few and known (None otherwise)."""
     values: list[Any] = []
     for shape in t.shapes_of(subs):
@@ -133,7 +133,7 @@ def _finite_values(t: "Translator", subs: list[Sub]) -> list[Any] | None:
     return dedupe_values(values)
 
 
-def _unique(t: "Translator", sh: Shape, position_subs: list[list[Sub]], rest_subs: list[Sub]) -> Node:
+def _unique(t: Translator, sh: Shape, position_subs: list[list[Sub]], rest_subs: list[Sub]) -> Node:
     """Arrays whose elements are pairwise distinct, or a ``SchemaError`` where that is undecidable here.
 
     Elements at positions with a finite set of values (enum, const, booleans, small integer
@@ -178,17 +178,17 @@ def _unique(t: "Translator", sh: Shape, position_subs: list[list[Sub]], rest_sub
     raise SchemaError(f"cannot enforce 'uniqueItems': {why}; pass lenient=True to relax it", where, "uniqueItems")
 
 
-def _unique_automaton(t: "Translator", where: str, positions: list[list[Sub]], finite: list[list[Any] | None],
+def _unique_automaton(t: Translator, where: str, positions: list[list[Sub]], finite: list[list[Any] | None],
                       values: list[Any]) -> Node | None:
     """Rules over states (position, values used); None when more than MAX_UNIQUE_STATES are reachable."""
-    from grammars.json_schema.literals import hashable
+    from constrain.grammars.json_schema.literals import hashable
 
     index = {hashable(v): i for i, v in enumerate(values)}
     spell = [t.value_literal(v, depth=t.depth + 1) for v in values]
     allowed = [None if f is None else [index[hashable(v)] for v in f] for f in finite]
     last = len(positions) - 1
     prefix = t.fresh_name(where + "#unique")
-    name = lambda pos, mask: f"{prefix}@{pos},{mask}"  # noqa: E731
+    name = lambda pos, mask: f"{prefix}@{pos},{mask}"
     todo = [(0, 0)]
     seen = {(0, 0)}
     rules: dict[str, Node] = {}

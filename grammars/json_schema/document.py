@@ -12,17 +12,18 @@ the network.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Union
+from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
-from grammars.errors import SchemaError
+from constrain.grammars.errors import SchemaError
 
 __all__ = ["Sub", "Document", "load_schema"]
 
 DEFAULT_BASE = "urn:constrain:root"
 
-RemoteSchemas = Union[Mapping[str, Any], Callable[[str], Any], None]
+RemoteSchemas = Mapping[str, Any] | Callable[[str], Any] | None
 
 # Keywords whose value is a schema / a list of schemas / a map of name -> schema.
 SCHEMA_KEYWORDS = frozenset({

@@ -8,10 +8,10 @@ generated value must always validate. Dates check days per month, leap years inc
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
-from grammars.ir import Node, intersect, repeat
-from grammars.json_schema.json_strings import ANY_JSON_CHAR
+from constrain.grammars.ir import Node, intersect, repeat
+from constrain.grammars.json_schema.json_strings import ANY_JSON_CHAR
 
 __all__ = ["KNOWN_FORMATS", "format_ir"]
 
@@ -127,11 +127,11 @@ _MAX_LENGTH = {"hostname": 253, "idn-hostname": 253, "host-name": 253}
 KNOWN_FORMATS = frozenset(k for k in _PATTERNS if "@" not in k)
 
 
-@lru_cache(maxsize=None)
+@cache
 def format_ir(name: str) -> Node:
     """The inside of a JSON string holding a valid ``name`` (one of ``KNOWN_FORMATS``)."""
-    from grammars.json_schema.json_strings import json_char
-    from grammars.regex import regex_to_ir
+    from constrain.grammars.json_schema.json_strings import json_char
+    from constrain.grammars.regex import regex_to_ir
 
     node = regex_to_ir(_PATTERNS[name], dialect="ecma", search=False, encode_class=json_char)
     if name in _MAX_LENGTH:

@@ -14,11 +14,11 @@ complement of the declared spellings and no key can appear twice under two spell
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from functools import lru_cache
-from typing import Iterable
 
-from grammars.ir import NOTHING, Node, alt, byte_set, literal, repeat, seq
-from grammars.unicode import MAX_CODE_POINT, char_class, intersect_ranges, normalize, subtract
+from constrain.grammars.ir import NOTHING, Node, alt, byte_set, literal, repeat, seq
+from constrain.grammars.unicode import MAX_CODE_POINT, char_class, intersect_ranges, normalize, subtract
 
 __all__ = ["json_char", "canonical_char", "ANY_JSON_CHAR", "string_body", "string_literal"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from grammars.errors import SchemaError
+from constrain.grammars.errors import SchemaError
 
 __all__ = ["pattern_search"]
 

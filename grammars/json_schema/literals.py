@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grammars.ir import NOTHING, Node, alt, literal, seq
-from grammars.json_schema.json_strings import json_char, string_literal
+from constrain.grammars.ir import NOTHING, Node, alt, literal, seq
+from constrain.grammars.json_schema.json_strings import json_char, string_literal
 
 __all__ = ["value_ir", "complete_value_ir", "dedupe_values", "json_equal", "hashable", "Incomplete"]
 
@@ -104,7 +104,7 @@ def complete_value_ir(v: Any, ws: Node, comma: Node, colon: Node) -> Node:
     if isinstance(v, bool) or v is None:
         return literal(json.dumps(v))
     if isinstance(v, (int, float)):
-        from grammars.json_schema.numbers import Bound, number_ir, to_decimal
+        from constrain.grammars.json_schema.numbers import Bound, number_ir, to_decimal
 
         d = to_decimal(v)
         exact = number_ir(Bound(d), Bound(d))

@@ -10,15 +10,16 @@ the branches it overlaps. Anything left over is reported, never guessed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any
 
-from grammars.errors import SchemaError
-from grammars.json_schema.document import Document, Sub
-from grammars.json_schema.numbers import Bound, to_decimal
-from grammars.json_schema.shapes import ALL_TYPES, ArrayPart, Contains, ObjectPart, Shape, Witness, meet_types
-from grammars.json_schema.literals import hashable, dedupe_values, json_equal
+from constrain.grammars.errors import SchemaError
+from constrain.grammars.json_schema.document import Document, Sub
+from constrain.grammars.json_schema.literals import dedupe_values, hashable, json_equal
+from constrain.grammars.json_schema.numbers import Bound, to_decimal
+from constrain.grammars.json_schema.shapes import ALL_TYPES, ArrayPart, Contains, ObjectPart, Shape, Witness, meet_types
 
 __all__ = ["Normalizer", "CannotNegate"]
 
@@ -248,10 +249,10 @@ class Normalizer:
         # numbers
         lo = hi = None
         if "minimum" in s:
-            lo = Bound(_num(sub, "minimum"), not (s.get("exclusiveMinimum") is True))
+            lo = Bound(_num(sub, "minimum"), s.get("exclusiveMinimum") is not True)
         if "maximum" in s:
-            hi = Bound(_num(sub, "maximum"), not (s.get("exclusiveMaximum") is True))
-        from grammars.json_schema.shapes import tighter_hi, tighter_lo
+            hi = Bound(_num(sub, "maximum"), s.get("exclusiveMaximum") is not True)
+        from constrain.grammars.json_schema.shapes import tighter_hi, tighter_lo
         if "exclusiveMinimum" in s and not isinstance(s["exclusiveMinimum"], bool):
             lo = tighter_lo(lo, Bound(_num(sub, "exclusiveMinimum"), False))
         if "exclusiveMaximum" in s and not isinstance(s["exclusiveMaximum"], bool):
@@ -526,7 +527,7 @@ class Normalizer:
         out: list[Shape] = []
         for i, shapes in enumerate(flat):
             mine = shapes
-            for j, others in enumerate(flat):
+            for j in range(len(flat)):
                 if i == j or not mine:
                     continue
                 overlap = frozenset().union(*[self.overlap(a, b) for a in in_context[i] for b in in_context[j]])
@@ -702,7 +703,7 @@ def _type_ok(v: Any, types: frozenset[str]) -> bool:
 
 
 def _pattern_search(pattern: str, text: str) -> bool:
-    from grammars.json_schema.keys import pattern_search
+    from constrain.grammars.json_schema.keys import pattern_search
 
     return pattern_search(pattern, text)
 

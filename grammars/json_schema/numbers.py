@@ -13,11 +13,11 @@ spells negative zero.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Callable
 
-from grammars.ir import EMPTY, NOTHING, Node, alt, byte_set, intersect, literal, optional, ref, repeat, seq
+from constrain.grammars.ir import EMPTY, NOTHING, Node, alt, byte_set, intersect, literal, optional, ref, repeat, seq
 
 __all__ = ["Bound", "ANY_NUMBER", "ANY_INTEGER", "integer_ir", "number_ir", "multiple_of_rules", "to_decimal"]
 

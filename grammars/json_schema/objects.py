@@ -15,16 +15,27 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from grammars.errors import SchemaError
-from grammars.ir import (
-    EMPTY, NOTHING, Node, alt, complement, intersect, literal, optional, ref, repeat, seq, unordered,
+from constrain.grammars.errors import SchemaError
+from constrain.grammars.ir import (
+    EMPTY,
+    NOTHING,
+    Node,
+    alt,
+    complement,
+    intersect,
+    literal,
+    optional,
+    ref,
+    repeat,
+    seq,
+    unordered,
 )
-from grammars.json_schema.document import Sub
-from grammars.json_schema.json_strings import ANY_CANONICAL_CHAR, string_literal
-from grammars.json_schema.shapes import Shape, Witness
+from constrain.grammars.json_schema.document import Sub
+from constrain.grammars.json_schema.json_strings import ANY_CANONICAL_CHAR, string_literal
+from constrain.grammars.json_schema.shapes import Shape, Witness
 
 if TYPE_CHECKING:
-    from grammars.json_schema.translate import Translator
+    from constrain.grammars.json_schema.translate import Translator
 
 __all__ = ["object_ir"]
 
@@ -34,7 +45,7 @@ MAX_WITNESSES = 3
 INLINE_MEMBERS = 24
 
 
-def object_ir(t: "Translator", sh: Shape) -> Node:
+def object_ir(t: Translator, sh: Shape) -> Node:
     """The IR of objects satisfying the object keywords of ``sh``."""
     order: dict[str, None] = {}
     required: set[str] = set()
@@ -86,7 +97,7 @@ def object_ir(t: "Translator", sh: Shape) -> Node:
     return _braces(t, _members(t, sh, members, extra, witness_extras, sh.min_props, sh.max_props, sh.pointer))
 
 
-def _braces(t: "Translator", body: Node) -> Node:
+def _braces(t: Translator, body: Node) -> Node:
     if t.indent is not None:  # body writes the line breaks around its members itself
         return seq(literal("{"), body, literal("}"))
     return seq(literal("{"), t.ws, body, t.ws, literal("}"))
@@ -106,7 +117,7 @@ def _listed_names(sh: Shape) -> list[str] | None:
     return None
 
 
-def _additional_member(t: "Translator", sh: Shape, declared: list[str], witnesses: list[Witness] = ()) -> Node:
+def _additional_member(t: Translator, sh: Shape, declared: list[str], witnesses: list[Witness] = ()) -> Node:
     """One ``key: value`` member whose key is not declared, or NOTHING when none may appear.
 
     With ``witnesses``: only members that serve as every one of them (key conditions and values)."""
@@ -133,7 +144,7 @@ def _additional_member(t: "Translator", sh: Shape, declared: list[str], witnesse
             if any(s.schema is False for s in subs):
                 continue
             key_parts = [repeat(t.shared("json-key-char", ANY_CANONICAL_CHAR))]
-            for j, (pat, _, i) in enumerate(patterns):
+            for j, (pat, _, _i) in enumerate(patterns):
                 if j not in chosen and not all(may_overlap[j][c] for c in chosen):
                     continue  # disjoint from a chosen pattern: excluded already
                 where = f"{sh.pointer}/patternProperties"
@@ -153,7 +164,7 @@ def _additional_member(t: "Translator", sh: Shape, declared: list[str], witnesse
     return alt(*out)
 
 
-def _witness_key(t: "Translator", w: Witness, pointer: str) -> list[Node]:
+def _witness_key(t: Translator, w: Witness, pointer: str) -> list[Node]:
     """Key-body conditions of a witness member (canonical spelling)."""
     where = f"{pointer}/patternProperties"
     parts: list[Node] = []
@@ -165,7 +176,7 @@ def _witness_key(t: "Translator", w: Witness, pointer: str) -> list[Node]:
     return parts
 
 
-def _members(t: "Translator", sh: Shape, members: list[tuple[str, list[Sub], Node, bool]], extra: Node,
+def _members(t: Translator, sh: Shape, members: list[tuple[str, list[Sub], Node, bool]], extra: Node,
              witness_extras: dict[int, Node], lo: int, hi: int | None, pointer: str) -> Node:
     """Members in order with commas, optional ones skippable, total count in [lo, hi], and every
     witness of ``sh`` present (state: members written so far, capped; witnesses seen)."""
@@ -231,7 +242,7 @@ def _members(t: "Translator", sh: Shape, members: list[tuple[str, list[Sub], Nod
     return memo[(0, 0, 0)]
 
 
-def _witness_tail(t: "Translator", prefix: str, extra: Node, witness_extras: dict[int, Node], after: bool, w: int,
+def _witness_tail(t: Translator, prefix: str, extra: Node, witness_extras: dict[int, Node], after: bool, w: int,
                   full: int) -> Node:
     """Additional members (no count bounds) that include a witness for every bit missing from ``w``."""
     name = f"{prefix}@extra,{int(after)},{w}"
@@ -249,7 +260,7 @@ def _witness_tail(t: "Translator", prefix: str, extra: Node, witness_extras: dic
     return ref(name)
 
 
-def _link(t: "Translator", prefix: str, j: int, c: int, w: int, memo: dict, use_rules: bool) -> Node:
+def _link(t: Translator, prefix: str, j: int, c: int, w: int, memo: dict, use_rules: bool) -> Node:
     """A reference to state (j, c, w): inline for small objects, a rule otherwise."""
     node = memo[(j, c, w)]
     if not use_rules or node in (NOTHING, EMPTY):

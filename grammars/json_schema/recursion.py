@@ -3,8 +3,8 @@ level referring to nothing, so a recursive schema admits at most ``depth`` neste
 
 from __future__ import annotations
 
-from grammars.analysis import RefMapper, cyclic_components, refs
-from grammars.ir import NOTHING, Node, ref
+from constrain.grammars.analysis import RefMapper, cyclic_components, refs
+from constrain.grammars.ir import NOTHING, Node, ref
 
 __all__ = ["bound_recursion"]
 

@@ -12,12 +12,12 @@ accumulate, and object/array keywords stay per conjunct (``ObjectPart``/``ArrayP
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from decimal import Decimal
+from functools import cached_property
 from typing import Any
 
-from grammars.json_schema.document import Sub
-from grammars.json_schema.numbers import Bound
+from constrain.grammars.json_schema.document import Sub
+from constrain.grammars.json_schema.numbers import Bound
 
 __all__ = ["ALL_TYPES", "ObjectPart", "ArrayPart", "Contains", "Witness", "Shape", "meet_types", "tighter_lo", "tighter_hi"]
 
@@ -99,7 +99,7 @@ class Witness:
 
     def covers(self, key: str) -> bool:
         """Whether a member with this (declared) key may serve as the witness."""
-        from grammars.json_schema.keys import pattern_search
+        from constrain.grammars.json_schema.keys import pattern_search
 
         return (key not in self.names and not any(pattern_search(p, key) for p in self.patterns)
                 and (self.include is None or pattern_search(self.include, key)))
@@ -148,7 +148,7 @@ class Shape:
     neg_raws: tuple[Sub, ...] = ()
     unsat: str | None = field(default=None, compare=False)
 
-    def merge(self, other: "Shape") -> "Shape":
+    def merge(self, other: Shape) -> Shape:
         """The conjunction of two shapes (``allOf``)."""
         types = meet_types(self.types, other.types)
         out = Shape(
@@ -181,7 +181,7 @@ class Shape:
         )
         return out.check()
 
-    def check(self) -> "Shape":
+    def check(self) -> Shape:
         """Drop types whose own keywords cannot be satisfied; record why when nothing is left."""
         types = set(self.types)
         reasons = []

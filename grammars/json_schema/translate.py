@@ -13,21 +13,44 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from grammars.analysis import INFINITE
-from grammars.errors import RegexError, SchemaError
-from grammars.ir import (
-    ANY_BYTE, EMPTY, NOTHING, Alt, Bytes, Grammar, Node, Ref, Repeat, Seq, alt, byte_set, complement,
-    intersect, literal, optional, ref, repeat, seq,
+from constrain.grammars.analysis import INFINITE
+from constrain.grammars.errors import RegexError, SchemaError
+from constrain.grammars.ir import (
+    ANY_BYTE,
+    EMPTY,
+    NOTHING,
+    Alt,
+    Bytes,
+    Grammar,
+    Node,
+    Ref,
+    Repeat,
+    Seq,
+    alt,
+    byte_set,
+    complement,
+    intersect,
+    literal,
+    optional,
+    ref,
+    repeat,
+    seq,
 )
-from grammars.json_schema.document import Document, Sub
-from grammars.json_schema.formats import KNOWN_FORMATS, format_ir
-from grammars.json_schema.json_strings import ANY_CANONICAL_CHAR, ANY_JSON_CHAR, canonical_char, json_char
-from grammars.json_schema.literals import Incomplete, complete_value_ir, is_integral, value_ir
-from grammars.json_schema.normalize import Normalizer
-from grammars.json_schema.numbers import (
-    ANY_NUMBER, FRACTION, INTEGRAL_FRACTION, MINUS, NATURAL, multiple_of_rules, number_ir,
+from constrain.grammars.json_schema.document import Document, Sub
+from constrain.grammars.json_schema.formats import KNOWN_FORMATS, format_ir
+from constrain.grammars.json_schema.json_strings import ANY_CANONICAL_CHAR, ANY_JSON_CHAR, canonical_char, json_char
+from constrain.grammars.json_schema.literals import Incomplete, complete_value_ir, is_integral, value_ir
+from constrain.grammars.json_schema.normalize import Normalizer
+from constrain.grammars.json_schema.numbers import (
+    ANY_NUMBER,
+    FRACTION,
+    INTEGRAL_FRACTION,
+    MINUS,
+    NATURAL,
+    multiple_of_rules,
+    number_ir,
 )
-from grammars.json_schema.shapes import Shape
+from constrain.grammars.json_schema.shapes import Shape
 
 __all__ = ["Options", "Translator"]
 
@@ -206,7 +229,7 @@ class Translator:
         grammar = Grammar(self.rules, "start", tuple(self.notes))
         self._check_productive(grammar)
         if self.options.max_recursion_depth is not None:
-            from grammars.json_schema.recursion import bound_recursion
+            from constrain.grammars.json_schema.recursion import bound_recursion
 
             grammar = Grammar(bound_recursion(self.rules, self.options.max_recursion_depth), "start", grammar.notes)
         return grammar
@@ -301,11 +324,11 @@ class Translator:
         if "string" in types:
             parts.append(seq(literal('"'), self.string_body(sh), literal('"')))
         if "array" in types:
-            from grammars.json_schema.arrays import array_ir
+            from constrain.grammars.json_schema.arrays import array_ir
 
             parts.append(array_ir(self, sh))
         if "object" in types:
-            from grammars.json_schema.objects import object_ir
+            from constrain.grammars.json_schema.objects import object_ir
 
             parts.append(object_ir(self, sh))
         node = alt(*parts)
@@ -374,7 +397,7 @@ class Translator:
         return intersect(*parts) if len(parts) > 1 else parts[0]
 
     def pattern_ir(self, pattern: str, where: str, canonical: bool = False) -> Node:
-        from grammars.regex import regex_to_ir
+        from constrain.grammars.regex import regex_to_ir
 
         try:
             return regex_to_ir(pattern, dialect="ecma", search=True,
@@ -384,7 +407,7 @@ class Translator:
 
     def key_body_literal(self, key: str) -> Node:
         """The canonical spelling of ``key`` without its quotes."""
-        from grammars.json_schema.json_strings import string_literal
+        from constrain.grammars.json_schema.json_strings import string_literal
 
         lit = string_literal(key)
         return Seq(lit.items[1:-1]) if isinstance(lit, Seq) and len(lit.items) > 3 else (
