@@ -47,3 +47,6 @@ class BudgetExceededError(GrammarError):
         )
         self.budget = budget
         self.limit = limit
+
+
+DEFAULT_BUDGET = CompileBudget()

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from constrain.automaton import TokenAutomaton
-from constrain.derivatives import DEFAULT_MAX_STATES, ExprTable
+from constrain.budget import DEFAULT_MAX_STATES, CompileBudget
+from constrain.derivatives import ExprTable
 from constrain.grammars import ir
 from constrain.grammars.errors import GrammarError
 from constrain.matcher import Matcher
@@ -38,7 +39,7 @@ class CompiledGrammar:
             )
         self.grammar = grammar
         self.vocab = vocab
-        self._automaton = TokenAutomaton(ExprTable(grammar, max_states=max_states), vocab)
+        self._automaton = TokenAutomaton(ExprTable(grammar, budget=CompileBudget(max_states=max_states)), vocab)
         start = self.initial_state
         if not self._automaton.table.row(start).any() and not self.is_accepting(start):
             raise GrammarError("constraint is unsatisfiable: no document satisfies it")

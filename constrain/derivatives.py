@@ -15,13 +15,15 @@ Intersection and complement are native to derivatives; they are why a state that
 
 from __future__ import annotations
 
-import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import numpy as np
 
+from constrain.budget import DEFAULT_BUDGET, DEFAULT_MAX_STATES, BudgetExceededError, CompileBudget
 from constrain.grammars import ir
 from constrain.grammars.analysis import INFINITE, MinLength
 from constrain.grammars.errors import GrammarError
@@ -33,20 +35,20 @@ NOTHING = 0
 EMPTY = 1
 ALL_BYTES = (1 << 256) - 1
 
-# Derivatives, classes and conversions recurse along the grammar (a chain of 20,000 optional
-# properties is 20,000 frames deep). Since Python 3.11 pure-Python calls keep their frames on the
-# heap, not the C stack, so a high limit is safe as long as recursion never passes through a C
-# builtin (hence list comprehensions, not generators, inside any()/min()).
-RECURSION_LIMIT = 1_000_000
-
 # How far a liveness search of an intersection/complement state may explore before giving up
 # (and treating the state as live: a wrong guess can only stall a walk, never admit a bad byte).
 LIVENESS_BUDGET = 4096
-DEFAULT_MAX_STATES = 2_000_000
+__all__ = ["DEFAULT_MAX_STATES", "ExprTable", "StateLimitError", "matches"]
+# The time and memory budgets are checked once per this many new expressions (and per new row).
+BUDGET_CHECK_EVERY = 256
+# Rough bytes per interned expression (its lists, intern key and derivative entries) and per
+# transition row (the dense int32 row and its flags), for the memory budget.
+EXPR_BYTES = 400
+ROW_BYTES = 256 * 4 + 2
 
 
-class StateLimitError(GrammarError):
-    """The constraint needs more automaton states than the configured limit allows."""
+class StateLimitError(BudgetExceededError):
+    """The constraint needs more automaton states than ``CompileBudget.max_states`` allows."""
 
 
 class _Unordered(NamedTuple):
@@ -70,11 +72,11 @@ class ExprTable:
     Thread-safe: every method that creates expressions takes ``self.lock``.
     """
 
-    def __init__(self, grammar: ir.Grammar, *, max_states: int = DEFAULT_MAX_STATES) -> None:
-        if sys.getrecursionlimit() < RECURSION_LIMIT:
-            sys.setrecursionlimit(RECURSION_LIMIT)
+    def __init__(self, grammar: ir.Grammar, *, budget: CompileBudget = DEFAULT_BUDGET) -> None:
         self.lock = threading.RLock()
-        self.max_states = max_states
+        self.budget = budget
+        self.max_states = budget.max_states
+        self._deadline: float | None = None  # end of the current unit of work (see ``work``)
         self._kind: list[int] = []
         self._args: list[tuple] = []
         self._nullable: list[bool | None] = []
@@ -115,8 +117,38 @@ class ExprTable:
         self.row_done[EMPTY] = True
         if grammar.start not in self._rule_ids:
             raise GrammarError(f"grammar has no start rule {grammar.start!r}")
-        with self.lock:
+        with self.work():
             self.start = self._convert(ir.Ref(grammar.start))
+
+    @contextmanager
+    def work(self) -> Iterator[None]:
+        """One unit of compilation work (the first compile, or a new state met while decoding),
+        holding the lock; ``CompileBudget.seconds`` bounds it. Reentrant: the outermost unit
+        sets the deadline."""
+        with self.lock:
+            if self._deadline is not None:
+                yield
+                return
+            self._deadline = time.monotonic() + self.budget.seconds
+            try:
+                yield
+            finally:
+                self._deadline = None
+
+    def estimated_bytes(self) -> int:
+        """A rough estimate of this table's memory: expressions, their caches and the rows."""
+        return len(self._kind) * EXPR_BYTES + len(self.row_done) * ROW_BYTES
+
+    def _check_budget(self) -> None:
+        """Raise ``BudgetExceededError`` once the current unit of work or the memory is over."""
+        budget = self.budget
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            raise BudgetExceededError(
+                "seconds", budget.seconds, f"compiling took more than {budget.seconds:g} s")
+        used = self.estimated_bytes()
+        if used > budget.max_bytes:
+            raise BudgetExceededError(
+                "max_bytes", budget.max_bytes, f"the automaton needs about {used >> 20} MiB")
 
     # ------------------------------------------------------------------ interning
 
@@ -131,9 +163,9 @@ class ExprTable:
         i = len(self._kind)
         if i >= self.max_states:
             raise StateLimitError(
-                f"constraint needs more than {self.max_states} automaton states; "
-                "simplify it or raise max_states"
-            )
+                "max_states", self.max_states, f"the constraint needs more than {self.max_states} automaton states")
+        if i and i % BUDGET_CHECK_EVERY == 0:
+            self._check_budget()
         self._kind.append(kind)
         self._args.append(args)
         self._nullable.append(nullable)
@@ -261,6 +293,8 @@ class ExprTable:
         non-empty iterations of any repetition: counts beyond the limit cannot change which
         tokens are allowed. States that differ only in such counts (the 37th character of a
         string with maxLength 100, the 5th item of an array with maxItems 50) share one mask.
+        Intersections and complements are left whole: whether a token leads to a live state
+        depends on their counts beyond the token (``pattern`` with ``maxLength``, a lookahead).
         """
         limit = self.clamp_limit
         if limit is None or not self._counted[e]:
@@ -274,10 +308,6 @@ class ExprTable:
                 out = self._mk_seq(self.clamp(a[0]), self.clamp(a[1]))
             elif k == K_ALT:
                 out = self._mk_alt([self.clamp(m) for m in a[0]])
-            elif k == K_AND:
-                out = self._mk_and([self.clamp(m) for m in a[0]])
-            elif k == K_NOT:
-                out = self._mk_not(self.clamp(a[0]))
             elif k == K_FRAME:
                 out = self._mk_frame(self.clamp(a[0]))
             elif k == K_REPEAT:
@@ -745,19 +775,20 @@ class ExprTable:
         todo = [int(s) for s in states if s >= len(self.row_done) or not self.row_done[s]]
         if not todo:
             return
-        with self.lock:
+        with self.work():
             for s in todo:
                 self._fill_row(s)
 
     def row(self, s: int) -> np.ndarray:
         if s >= len(self.row_done) or not self.row_done[s]:
-            with self.lock:
+            with self.work():
                 self._fill_row(s)
         return self.rows[s]
 
     def _fill_row(self, s: int) -> None:
         if s < len(self.row_done) and self.row_done[s]:
             return
+        self._check_budget()
         out = np.zeros(256, dtype=np.int32)
         for part in self.byte_classes(s):
             n = self.derive(s, (part & -part).bit_length() - 1)
@@ -772,7 +803,9 @@ class ExprTable:
         cap = len(self.row_done)
         if need <= cap:
             return
-        new_cap = max(need, cap * 2)
+        # Double, but not past the memory budget: at the end each row counts, not the capacity.
+        room = (self.budget.max_bytes - len(self._kind) * EXPR_BYTES) // ROW_BYTES
+        new_cap = max(need, min(cap * 2, room))
         rows = np.zeros((new_cap, 256), dtype=np.int32)
         rows[:cap] = self.rows
         done = np.zeros(new_cap, dtype=bool)
