@@ -1,8 +1,12 @@
 """The user-facing engine: load a model once, generate under constraints, extract typed data.
 
 ``Engine`` ties the layers together: ``engine.model`` loads the checkpoint, constrain compiles
-each constraint against the model's vocabulary (cached), and the scheduler batches every request
-in one continuous batch. Results whose budget ran out are never handed back as valid: ``extract``
+each constraint against the model's vocabulary (cached), and the one ``Scheduler`` batches every
+request in one continuous batch, over CUDA-graph decode steps with the GPU state table where the
+model is supported on CUDA (``backend="graph"``), else transformers' own forward (``"eager"``).
+Generated JSON follows ``constraints.GENERATION_JSON_OPTIONS`` (declared order, no undeclared
+keys unless the schema allows them explicitly); ``json_options=JSON_SCHEMA_SEMANTICS`` gives
+full JSON Schema semantics. Results whose budget ran out are never handed back as valid: ``extract``
 raises ``ExtractionError`` and ``generate(..., on_length="raise")`` raises ``LengthError``.
 """
 
@@ -20,10 +24,13 @@ import torch
 from constrain import CompiledGrammar, Vocabulary
 from constrain.engine.constraints import Constraint, schema_dict
 from constrain.engine.generate import run_requests
+from constrain.engine.graph_loop import GraphStep
+from constrain.engine.graph_runner import GraphRunner
 from constrain.engine.model import LoadedModel, load_model
-from constrain.engine.runner import ModelRunner
+from constrain.engine.runner import EagerStep, ModelRunner
 from constrain.engine.sampler import SamplingParams
-from constrain.engine.scheduler import Scheduler
+from constrain.engine.scheduler import Scheduler, StepBackend
+from constrain.engine.static_decoder import supports
 from constrain.engine.types import GenerationRequest, GenerationResult
 
 logger = logging.getLogger("constrain")
@@ -57,7 +64,9 @@ class Request:
     ``prompt`` is user text (wrapped in the chat template when the model has one, unless
     ``chat=False``) or a list of token ids used as is. At most one of ``json_schema``, ``regex``,
     ``grammar`` (Lark text) and ``choices`` may be set; ``json_options`` go to the JSON Schema
-    compiler (``property_order="declared"``, ``strict_properties=True``, ``whitespace=...``).
+    compiler over the generation defaults (``property_order="declared"``,
+    ``strict_properties=True``; ``constraints.JSON_SCHEMA_SEMANTICS`` for full JSON Schema
+    semantics; ``whitespace=...``).
     """
 
     prompt: str | list[int]
@@ -80,16 +89,30 @@ class Request:
         return Constraint.from_args(self.json_schema, self.regex, self.grammar, self.choices, self.json_options)
 
 
-class Engine:
-    """A loaded model plus a continuous-batching scheduler. Not thread-safe: one caller at a time."""
+Backend = Literal["auto", "graph", "eager"]
 
-    def __init__(self, loaded: LoadedModel, max_batch: int | None = None) -> None:
+
+class Engine:
+    """A loaded model plus a continuous-batching scheduler. Not thread-safe: one caller at a time.
+
+    ``backend``: ``"graph"`` (CUDA-graph replay of the static decoder, constraint states in the
+    GPU state table), ``"eager"`` (transformers' forward, host masks) or ``"auto"``: graph on
+    CUDA for the models ``static_decoder.supports``, eager otherwise.
+    """
+
+    def __init__(self, loaded: LoadedModel, max_batch: int | None = None, backend: Backend = "auto") -> None:
         self.loaded = loaded
         self.vocab = Vocabulary.from_hf(
             loaded.tokenizer, vocab_size=loaded.logits_width, eos_tokens=list(loaded.eos_token_ids) or None
         )
         self.max_batch = max_batch or (64 if loaded.device.type == "cuda" else 16)
-        self._runner: ModelRunner | None = None
+        if backend == "auto":
+            backend = "graph" if loaded.device.type == "cuda" and supports(loaded.model) else "eager"
+        if backend not in ("graph", "eager"):
+            raise ValueError(f"backend must be 'auto', 'graph' or 'eager', got {backend!r}")
+        self.backend = backend
+        self.context_len: int | None = getattr(loaded.model.config, "max_position_embeddings", None)
+        self._step: EagerStep | GraphStep | None = None
 
     @classmethod
     def from_pretrained(
@@ -98,9 +121,10 @@ class Engine:
         device: str = "cpu",
         dtype: torch.dtype | None = None,
         max_batch: int | None = None,
+        backend: Backend = "auto",
     ) -> Engine:
         """Load a local model folder or ``.gguf`` file (default: the SmolLM2-135M demo model)."""
-        return cls(load_model(path, device=device, dtype=dtype), max_batch=max_batch)
+        return cls(load_model(path, device=device, dtype=dtype), max_batch=max_batch, backend=backend)
 
     @property
     def tokenizer(self) -> Any:
@@ -129,16 +153,26 @@ class Engine:
         )
 
     def _scheduler(self, reqs: Sequence[GenerationRequest]) -> Scheduler:
-        need_len = max(len(r.prompt_ids) + r.max_tokens for r in reqs)
+        """A scheduler over this engine's step backend, reallocated only when the KV cache is
+        too small (too few slots, or too short for the longest request the context allows)."""
+        context = self.context_len or 1 << 30
+        need_len = max((min(len(r.prompt_ids) + r.max_tokens, context) for r in reqs
+                        if len(r.prompt_ids) < context), default=1)  # others get an error result
         slots = min(self.max_batch, len(reqs))
-        run = self._runner
-        if run is None or run.max_len < need_len or run.max_slots < slots:
-            length = -(-max(need_len, run.max_len if run else 0) // 128) * 128
-            slots = max(slots, run.max_slots if run else 0)
-            self._runner = None  # free the old cache before allocating the new one
-            logger.debug("allocating KV cache: %d slots x %d tokens", slots, length)
-            self._runner = run = ModelRunner(self.loaded.model, slots, length)
-        return Scheduler(run, self.vocab, self._encode)
+        step = self._step
+        if step is None or step.max_len < need_len or step.max_rows < slots:
+            length = -(-max(need_len, step.max_len if step else 0) // 128) * 128
+            slots = max(slots, step.max_rows if step else 0)
+            self._step = step = None  # free the old cache before allocating the new one
+            logger.debug("allocating KV cache: %d slots x %d tokens (%s)", slots, length, self.backend)
+            model = self.loaded.model
+            if self.backend == "graph":
+                step = GraphStep(GraphRunner(model, slots, length), self.vocab.vocab_size)
+            else:
+                step = EagerStep(ModelRunner(model, slots, length), self.vocab.vocab_size)
+            self._step = step
+        backend: StepBackend = step
+        return Scheduler(backend, self.vocab, self._encode, context_len=self.context_len)
 
     def run(
         self,

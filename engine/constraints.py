@@ -17,6 +17,14 @@ from constrain import CompiledGrammar, Vocabulary
 
 ConstraintKind = Literal["json_schema", "regex", "grammar", "choices"]
 
+# What generating JSON defaults to: declared properties in declaration order, and no undeclared
+# keys unless the schema asks for them (``additionalProperties: true`` or a schema, or
+# ``patternProperties``), as OpenAI's strict structured outputs and xgrammar's strict mode do.
+# Under JSON Schema's open-object default a small model copies the schema from its prompt.
+GENERATION_JSON_OPTIONS: Mapping[str, Any] = {"property_order": "declared", "strict_properties": True}
+# ``json_options=JSON_SCHEMA_SEMANTICS``: what a validator accepts (any member order, open objects).
+JSON_SCHEMA_SEMANTICS: Mapping[str, Any] = {"property_order": "any", "strict_properties": False}
+
 # Metacharacters of the regex dialect; everything else is literal. (``re.escape`` also escapes
 # spaces, '-', '#', '&', '~'..., which a smaller regex front end need not accept.)
 _REGEX_META = set("\\.^$*+?{}[]|()")
@@ -50,8 +58,8 @@ def schema_dict(schema: Any) -> dict[str, Any] | bool:
 @dataclass(frozen=True)
 class Constraint:
     """One constraint: ``kind`` and its source (schema dict, pattern, grammar text, choices);
-    ``options`` are JSON Schema front-end options (``constrain.compile_json_schema``'s keywords,
-    e.g. ``property_order="declared"``, ``strict_properties=True``)."""
+    ``options`` are JSON Schema front-end options (``constrain.compile_json_schema``'s keywords),
+    over ``GENERATION_JSON_OPTIONS`` when built by ``from_args``."""
 
     kind: ConstraintKind
     source: Any
@@ -67,7 +75,8 @@ class Constraint:
         choices: Sequence[str] | None = None,
         json_options: Mapping[str, Any] | None = None,
     ) -> Constraint | None:
-        """At most one of the arguments; None when none is given (unconstrained)."""
+        """At most one of the arguments; None when none is given (unconstrained). A JSON Schema
+        gets ``GENERATION_JSON_OPTIONS`` with ``json_options`` over them."""
         given = {k: v for k, v in (("json_schema", json_schema), ("regex", regex),
                                    ("grammar", grammar), ("choices", choices)) if v is not None}
         if len(given) > 1:
@@ -79,10 +88,12 @@ class Constraint:
         kind, value = next(iter(given.items()))
         if kind == "json_schema":
             value = schema_dict(value)
-        elif kind == "choices":
+            options = {**GENERATION_JSON_OPTIONS, **(json_options or {})}
+            return cls(kind, value, options=tuple(sorted(options.items())))  # type: ignore[arg-type]
+        if kind == "choices":
             value = tuple(value)
             choices_regex(value)  # validate early
-        return cls(kind, value, options=tuple(sorted((json_options or {}).items())))  # type: ignore[arg-type]
+        return cls(kind, value)  # type: ignore[arg-type]
 
     def compile(self, vocab: Vocabulary) -> CompiledGrammar:
         """Compile against ``vocab``; raises constrain's ``GrammarError`` subclasses on bad input."""

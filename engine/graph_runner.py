@@ -8,13 +8,14 @@ What is captured (per bucket, on first use, or ahead of time with ``capture`` /
 ``capture_sample`` so that no capture lands inside a timed run):
 - ``forward`` graph per (rows, attended length): ``StaticDecoder.step`` on the static ``ids`` /
   ``pos`` buffers, logits into the static ``logits`` buffer;
-- ``sample`` graph per (rows, mode): the fused sampler over those logits, masks taken
+- ``sample`` graph per (rows, mode, filtered): the fused sampler over those logits, masks taken
   - ``table``: from the GPU ``StateTable`` by each row's state (``kernels.constrained_step``:
-    sample, then advance the state on the GPU; misses flagged for the host),
-  - ``host``: from the static ``masks`` buffer that the host filled for this step,
+    sample, then advance the state on the GPU; misses flagged for the host; rows whose mask the
+    host fills point at a row of the table the host wrote for them),
   - ``none``: no mask;
-  then the step's outputs become the next step's inputs on the GPU (ids <- token, pos += 1,
-  draws += 1, states <- next state), so a steady-state step needs no host writes at all.
+  with the top-k / top-p filters only when a row asks for them (``filtered``); then the step's
+  outputs become the next step's inputs on the GPU (ids <- token, pos += 1, draws += 1,
+  states <- next state), so a steady-state step needs no host writes at all.
 
 Rows are KV slots ``0..rows-1``; rows past the live ones (bucket padding, finished sequences)
 run along with positions past the cache end (scratch column) or unconstrained states.
@@ -58,7 +59,7 @@ def seed_base(seed: int) -> int:
 class GraphRunner:
     """Static decode buffers over a ``ModelRunner``'s slot cache, with captured replays on CUDA."""
 
-    def __init__(self, model: torch.nn.Module, max_batch: int, max_len: int, mask_words: int,
+    def __init__(self, model: torch.nn.Module, max_batch: int, max_len: int,
                  use_graphs: bool | None = None) -> None:
         self.max_rows = batch_bucket(max_batch)
         self.runner = ModelRunner(model, self.max_rows, max_len)  # eager prefill, same cache
@@ -71,14 +72,14 @@ class GraphRunner:
         self.pos = torch.full((n,), max_len, dtype=torch.int64, device=dev)
         self.states = torch.full((n,), -1, dtype=torch.int32, device=dev)
         self.temperature = torch.zeros(n, dtype=torch.float32, device=dev)
+        self.top_k = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.top_p = torch.ones(n, dtype=torch.float32, device=dev)
         self.base = torch.zeros(n, dtype=torch.int64, device=dev)
         self.draws = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.masks = torch.full((n, mask_words), -1, dtype=torch.int32, device=dev)
-        self.mask_index = torch.arange(n, dtype=torch.int32, device=dev)
         self.logits = torch.zeros(n, vocab, dtype=torch.float32, device=dev)
         self.out = torch.zeros(3, n, dtype=torch.int64, device=dev)  # token, state after, miss
         self.out_host = torch.zeros(3, n, dtype=torch.int64, pin_memory=dev.type == "cuda")
-        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[object, ...], torch.cuda.CUDAGraph] = {}
         self._table_gen: tuple[int, int] | None = None
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.captures = 0  # graphs captured so far (a benchmark checks none happen while timing)
@@ -98,18 +99,20 @@ class GraphRunner:
     def _forward(self, rows: int, length: int) -> None:
         self.logits[:rows].copy_(self.decoder.step(self.ids[:rows], self.pos[:rows], length))
 
-    def _sample(self, lo: int, hi: int, mode: str, table: StateTable | None) -> None:
-        sl = slice(lo, hi)
+    def _sample(self, rows: int, mode: str, table: StateTable | None, filtered: bool) -> None:
+        sl = slice(0, rows)
         seeds = (self.base[sl] ^ (self.draws[sl] * _DRAW + 1)) & _MASK63
-        logits, temp = self.logits[sl], self.temperature[sl]
+        logits = self.logits[sl]
+        params = dict(temperature=self.temperature[sl], seeds=seeds)
+        if filtered:
+            params.update(top_k=self.top_k[sl], top_p=self.top_p[sl])
         if mode == "table":
             assert table is not None
-            tok, nxt, miss, _ = constrained_step(logits, table, self.states[sl], temperature=temp, seeds=seeds)
+            tok, nxt, miss, _ = constrained_step(logits, table, self.states[sl], **params)
             self.states[sl].copy_(nxt)
             self.out[2, sl].copy_(miss)
         else:
-            masks, index = (self.masks, self.mask_index[sl]) if mode == "host" else (None, None)
-            tok, _ = sample(logits, masks, index, temperature=temp, seeds=seeds)
+            tok, _ = sample(logits, **params)
             self.out[2, sl].zero_()
         self.out[0, sl].copy_(tok)
         self.out[1, sl].copy_(self.states[sl])
@@ -124,11 +127,26 @@ class GraphRunner:
         self._run(("fwd", rows, length), lambda: self._forward(rows, length))
 
     @torch.inference_mode()
-    def sample(self, rows: int, mode: str, table: StateTable | None = None) -> None:
+    def forward_tokens(self, ids: list[int], pos: list[int], slots: list[int], last: list[int],
+                       length: int) -> None:
+        """Several tokens per row in one eager pass (forced text): token j goes to slot
+        ``slots[j]`` at column ``pos[j]``; row i's logits are those of token ``last[i]``."""
+        dev = self.device
+        logits = self.decoder.step(torch.as_tensor(ids, device=dev), torch.as_tensor(pos, device=dev), length,
+                                   torch.as_tensor(slots, device=dev))
+        rows = len(last)
+        self.logits[:rows].copy_(logits[torch.as_tensor(last, device=dev)])
+        self.pos[:rows] = torch.as_tensor([pos[j] for j in last], device=dev)
+
+    @torch.inference_mode()
+    def sample(self, rows: int, mode: str, table: StateTable | None = None, filtered: bool = False) -> None:
         """Sample rows ``0..rows-1`` from ``self.logits``; outputs in ``self.out``, inputs advanced."""
         self._check_table(table)
-        key = ("table" if mode == "table" else "sample", rows, mode)
-        self._run(key, lambda: self._sample(0, rows, mode, table))
+        self._run(self._sample_key(rows, mode, filtered), lambda: self._sample(rows, mode, table, filtered))
+
+    @staticmethod
+    def _sample_key(rows: int, mode: str, filtered: bool) -> tuple[object, ...]:
+        return ("table" if mode == "table" else "sample", rows, filtered)
 
     def _check_table(self, table: StateTable | None) -> None:
         if table is not None and (id(table), table.generation) != self._table_gen:
@@ -137,20 +155,15 @@ class GraphRunner:
             self._table_gen = (id(table), table.generation)
 
     @torch.inference_mode()
-    def capture_sample(self, rows: int, mode: str, table: StateTable | None = None) -> None:
+    def capture_sample(self, rows: int, mode: str, table: StateTable | None = None, filtered: bool = False) -> None:
         """Capture the sample graph of ``rows`` for ``mode`` ahead of time (the table must already
         be reserved to its final size: a table that grows invalidates its graphs)."""
         if not self.use_graphs:
             return
         self._check_table(table)
-        key = ("table" if mode == "table" else "sample", rows, mode)
+        key = self._sample_key(rows, mode, filtered)
         if key not in self._graphs:
-            self._graphs[key] = self._capture(lambda: self._sample(0, rows, mode, table))
-
-    @torch.inference_mode()
-    def sample_rows(self, lo: int, hi: int, mode: str, table: StateTable | None = None) -> None:
-        """Eager sampling of rows ``lo..hi-1`` (first tokens after a prefill)."""
-        self._sample(lo, hi, mode, table)
+            self._graphs[key] = self._capture(lambda: self._sample(rows, mode, table, filtered))
 
     @torch.inference_mode()
     def capture(self, rows: int, lengths: list[int]) -> None:
@@ -201,15 +214,18 @@ class GraphRunner:
 
     # -- slot compaction ----------------------------------------------------------------------
     @torch.inference_mode()
-    def compact(self, keep: list[int], length: int) -> None:
-        """Move rows ``keep`` (ascending) to rows ``0..len(keep)-1``: buffers and ``length``
-        columns of their KV slots."""
-        k = len(keep)
-        if keep == list(range(k)):
-            return
-        idx = torch.as_tensor(keep, dtype=torch.int64, device=self.device)
-        for buf in (self.ids, self.pos, self.states, self.temperature, self.base, self.draws):
-            buf[:k] = buf[idx]
-        cache = self.runner.cache
-        for buf in (*cache.keys, *cache.values):
-            buf[:k, :, :length] = buf[idx, :, :length]
+    def move_rows(self, moves: list[tuple[int, int, int]], live: int) -> None:
+        """Move rows ``src -> dst`` (buffers and the first ``length`` columns of their KV slots);
+        rows ``live..`` are parked afterwards (scratch column, unconstrained)."""
+        if moves:
+            src = torch.as_tensor([m[0] for m in moves], device=self.device)
+            dst = torch.as_tensor([m[1] for m in moves], device=self.device)
+            for buf in (self.ids, self.pos, self.states, self.temperature, self.top_k, self.top_p,
+                        self.base, self.draws):
+                buf[dst] = buf[src]
+            length = max(m[2] for m in moves)
+            cache = self.runner.cache
+            for buf in (*cache.keys, *cache.values):
+                buf[dst, :, :length] = buf[src, :, :length]
+        self.pos[live:] = self.max_len
+        self.states[live:] = -1

@@ -12,10 +12,16 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
+from constrain import allocate_token_bitmask
 from constrain.engine.kv_cache import SlotKVCache
+from constrain.engine.sampler import sample
+
+if TYPE_CHECKING:
+    from constrain.engine.scheduler import Row, Scheduler
 
 logger = logging.getLogger("constrain")
 
@@ -87,3 +93,48 @@ class ModelRunner:
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
         self.cache.move_slot(src, dst, length)
+
+
+class EagerStep:
+    """The scheduler's step backend on transformers' own forward (CPU, unsupported models).
+
+    Old rows and new prompts are forwarded by two ragged ``extend`` calls; every constrained
+    row's matcher fills its bitmask row on the host; the fused sampler applies the masks.
+    """
+
+    def __init__(self, runner: ModelRunner, vocab_size: int) -> None:
+        self.runner = runner
+        self._bitmask = allocate_token_bitmask(runner.max_slots, vocab_size)
+        if runner.device.type == "cuda":
+            self._bitmask = self._bitmask.pin_memory()
+
+    @property
+    def max_rows(self) -> int:
+        return self.runner.max_slots
+
+    @property
+    def max_len(self) -> int:
+        return self.runner.max_len
+
+    def step(self, batch: list[Row], n_old: int, scheduler: Scheduler) -> list[int]:
+        old, new = batch[:n_old], batch[n_old:]
+        parts = []
+        if old:
+            parts.append(self.runner.extend(0, [s.pending for s in old], [s.length for s in old]))
+        if new:
+            parts.append(self.runner.extend(n_old, [s.pending for s in new], [0] * len(new)))
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+        rows = [i for i, s in enumerate(batch) if s.matcher is not None]
+        for i in rows:
+            scheduler.fill_mask(batch[i], self._bitmask, i)
+        mask = self._bitmask[: len(batch)].to(logits.device, non_blocking=True) if rows else None
+        tokens = sample(logits, [s.request.sampling for s in batch], [s.seed for s in batch],
+                        [s.draws for s in batch], mask, rows)
+        return [int(t) for t in tokens.tolist()]
+
+    def sync(self, batch: list[Row]) -> None:
+        """Nothing to mirror: the host matchers are the only constraint state."""
+
+    def move_rows(self, moves: list[tuple[int, int, int]], live: int) -> None:
+        for src, dst, length in moves:
+            self.runner.move_slot(src, dst, length)

@@ -42,15 +42,21 @@ MAX_EXCEPTIONS = 16384  # a wide state gets a default when at most this many tok
 
 
 class StateCache:
-    """Global state ids over several compiled grammars, backed by one ``kernels.StateTable``."""
+    """Global state ids over several compiled grammars, backed by one ``kernels.StateTable``.
+
+    Ids ``0..scratch_rows-1`` are not grammar states: batch row ``i`` writes a mask of its own
+    there (the budget-aware close, a matcher with no compiled grammar) and points its state at
+    it; no transition leaves them, so the step after always misses back to the host.
+    """
 
     def __init__(self, mask_words: int, device: torch.device | str, states: int = 1024,
-                 transitions: int = 1 << 16) -> None:
+                 transitions: int = 1 << 16, scratch_rows: int = 0) -> None:
         self.table = StateTable(mask_words, device=device, state_capacity=states, transition_capacity=1024)
         self.table.reserve(states, transitions)
         self._grammars: dict[int, tuple[CompiledGrammar, int]] = {}  # id(cg) -> (cg, index)
         self._ids: dict[tuple[int, int], int] = {}  # (grammar index, local) -> global
-        self._where: list[tuple[CompiledGrammar, int]] = []  # global -> (cg, local)
+        self.scratch_rows = scratch_rows
+        self._where: list[tuple[CompiledGrammar, int]] = []  # global - scratch_rows -> (cg, local)
         self._misses_out: dict[int, int] = {}  # state -> misses out of it so far
         self._stored: set[int] = set()  # global ids whose mask row is in the table
         self._default: dict[int, int] = {}  # global id -> its default next global id
@@ -58,26 +64,15 @@ class StateCache:
         self.expansions = 0
         self.defaults = 0  # wide states given a default next state
 
-    def initial(self, cg: CompiledGrammar) -> int:
-        """Global id of ``cg``'s start state (its mask row is stored)."""
-        gid = self._global(cg, cg.initial_state)
+    def enter(self, cg: CompiledGrammar, local: int) -> int:
+        """Global id of ``cg``'s state ``local``, its mask row stored (a row starts or jumps there)."""
+        gid = self._global(cg, local)
         self._store([gid])
         return gid
 
-    def is_accepting(self, gid: int) -> bool:
-        cg, local = self._where[gid]
-        return cg.is_accepting(local)
-
-    def only_stop(self, gid: int) -> bool:
-        """Whether the document is complete in ``gid`` and nothing but a stop token may follow."""
-        cg, local = self._where[gid]
-        if not cg.is_accepting(local):
-            return False
-        words = cg.state_mask(local).view(np.uint32).copy()
-        for e in cg.vocab.eos_token_ids:
-            if e < 32 * len(words):
-                words[e >> 5] &= np.uint32(~(1 << (e & 31)) & 0xFFFFFFFF)
-        return not bool(words.any())
+    def write_scratch(self, rows: Sequence[int], masks: torch.Tensor) -> None:
+        """Mask rows ``masks`` (len(rows), words) into the scratch ids of batch ``rows``."""
+        self.table.add_states(torch.as_tensor(rows), masks)
 
     def resolve(self, states: Sequence[int], tokens: Sequence[int]) -> list[int]:
         """Next global state of each (state, token) miss; -1 where the token is not allowed.
@@ -87,7 +82,7 @@ class StateCache:
         out, pairs, new = [], [], []
         for gid, tok in zip(states, tokens):
             self.misses += 1
-            cg, local = self._where[gid]
+            cg, local = self._where[gid - self.scratch_rows]
             seen = self._misses_out[gid] = self._misses_out.get(gid, 0) + 1
             if seen == EXPAND_ON_MISS:
                 new.extend(self._expand(gid, cg, local))
@@ -147,7 +142,7 @@ class StateCache:
         key = (entry[1], int(local))
         gid = self._ids.get(key)
         if gid is None:
-            gid = self._ids[key] = len(self._where)
+            gid = self._ids[key] = len(self._where) + self.scratch_rows
             self._where.append((cg, int(local)))
         return gid
 
@@ -156,6 +151,7 @@ class StateCache:
         todo = sorted({g for g in gids if g not in self._stored})
         if not todo:
             return
-        rows = np.stack([self._where[g][0].state_mask(self._where[g][1]) for g in todo])
+        where = [self._where[g - self.scratch_rows] for g in todo]
+        rows = np.stack([cg.state_mask(local) for cg, local in where])
         self.table.add_states(torch.as_tensor(todo), torch.from_numpy(rows))
         self._stored.update(todo)

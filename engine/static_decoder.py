@@ -75,8 +75,15 @@ class StaticDecoder:
         self.silu = getattr(cfg, "hidden_act", None) == "silu"
 
     @torch.inference_mode()
-    def step(self, ids: torch.Tensor, pos: torch.Tensor, length: int) -> torch.Tensor:
-        """ids (B,) int64 (negative ids are read as 0), pos (B,) int64 -> logits (B, V) float32."""
+    def step(self, ids: torch.Tensor, pos: torch.Tensor, length: int,
+             slots: torch.Tensor | None = None) -> torch.Tensor:
+        """ids (B,) int64 (negative ids are read as 0), pos (B,) int64 -> logits (B, V) float32.
+
+        ``slots`` (B,) maps row i to a KV slot (default: slot i). Several rows of one slot at
+        consecutive positions append several tokens in one pass (forced text): every row's keys
+        are stored before any row attends, and attention is masked to ``<= pos``. That path
+        gathers the slots' cache columns for attention, so it runs eagerly, off the graphs.
+        """
         b = ids.shape[0]
         cache = self.cache
         nh, nkv, hd = self.heads, self.kv_heads, self.head_dim
@@ -86,7 +93,8 @@ class StaticDecoder:
         cos, sin = cos[:, 0], sin[:, 0]
         # Flat row index of (slot b, head j, column write[b]) in a (slots*kv, cols, hd) view.
         cols = cache.max_len + 1
-        slot_head = torch.arange(b, device=ids.device).view(b, 1) * nkv + torch.arange(nkv, device=ids.device)
+        slot = torch.arange(b, device=ids.device) if slots is None else slots
+        slot_head = slot.view(b, 1) * nkv + torch.arange(nkv, device=ids.device)
         flat = (slot_head * cols + write.view(b, 1)).reshape(-1)
         delta = None  # what the last block adds to the residual stream h, folded into the next norm
         for i, layer in enumerate(self.layers):
@@ -99,6 +107,8 @@ class StaticDecoder:
                 qkv = torch.cat((q.reshape(b, -1), k.reshape(b, -1), v), dim=-1)
             kb, vb = cache.keys[i], cache.values[i]
             q = rope_store_kv(qkv, cos, sin, kb.view(-1, hd), vb.view(-1, hd), flat, nh, nkv)
+            if slots is not None:
+                kb, vb = kb[slots, :, :length], vb[slots, :, :length]
             delta = attn.o_proj(decode_attention(q, kb, vb, pos, length, self.scale))
             x, h = add_rms_norm(h, delta, *self.norms[i][1])
             mlp = layer.mlp

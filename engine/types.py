@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from constrain import CompiledGrammar
 from constrain.engine.sampler import SamplingParams
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "error"]
 
 
 @dataclass
@@ -19,7 +19,9 @@ class GenerationRequest:
     accepts a stop token, which the grammar allows only where the document is complete.
     ``max_tokens`` bounds every token emitted, the stop token included. ``budget_close`` steers
     a constrained request to finish its document within that budget (constrain's budget-aware
-    mask) instead of being cut off.
+    mask) instead of being cut off. ``matcher`` replaces ``grammar`` with a ready matcher object
+    that has constrain's ``Matcher`` verbs (benchmarks drive the anchors this way); its masks are
+    always filled on the host.
     """
 
     prompt_ids: list[int]
@@ -29,6 +31,7 @@ class GenerationRequest:
     stop_token_ids: frozenset[int] = frozenset()
     force_tokens: bool = True
     budget_close: bool = True
+    matcher: Any = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -42,6 +45,9 @@ class GenerationResult:
     ``token_ids`` are the content tokens (the stop token is not included) and ``text`` their
     bytes decoded as UTF-8. ``finish_reason == "length"`` means the budget ran out first: for a
     constrained request the text is then an incomplete document, and ``valid`` is False.
+    ``finish_reason == "error"`` means this request alone failed (a prompt longer than the
+    model's context, a constraint that allowed no token or refused one its mask allowed);
+    ``error`` says what, and the other requests of the batch were not affected.
     """
 
     text: str
@@ -50,6 +56,7 @@ class GenerationResult:
     prompt_tokens: int = 0
     forced_tokens: int = 0
     constrained: bool = False
+    error: str | None = None
 
     @property
     def valid(self) -> bool:

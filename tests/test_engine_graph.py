@@ -1,28 +1,36 @@
-"""The graph decode path (``GraphScheduler`` over ``GraphRunner``/``StaticDecoder``) on the CPU.
+"""The graph step backend (``GraphStep`` over ``GraphRunner``/``StaticDecoder``) on the CPU.
 
 CUDA graphs cannot be captured here, but every captured function runs eagerly on the CPU, so
 these tests pin what the GPU replays: the static one-token step equals the eager ragged forward,
-and whole generations (greedy and seeded, constrained through the GPU state table or host
-matchers, unconstrained) equal the eager ``Scheduler``'s token for token.
+and whole generations through the one ``Scheduler`` (greedy and seeded with top-k, forced text
+appended several tokens per forward, the budget-aware close, constrained rows through the GPU
+state table or host masks, unconstrained rows) equal the eager backend's token for token.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from engine_support import PERSON_SCHEMA, engine
+from engine_support import PERSON_SCHEMA, checker, engine
 
 from constrain.engine.constraints import Constraint
 from constrain.engine.generate import run_requests
-from constrain.engine.graph_loop import GraphScheduler
+from constrain.engine.graph_loop import GraphStep
 from constrain.engine.graph_runner import GraphRunner
-from constrain.engine.runner import ModelRunner
+from constrain.engine.runner import EagerStep, ModelRunner
 from constrain.engine.sampler import SamplingParams
 from constrain.engine.scheduler import Scheduler
 from constrain.engine.static_decoder import StaticDecoder
-from constrain.engine.types import GenerationRequest
+from constrain.engine.types import GenerationRequest, GenerationResult
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+ORDER_SCHEMA = {  # no additionalProperties: the generation defaults force each key in order
+    "type": "object",
+    "properties": {"title": {"type": "string", "maxLength": 10}, "year": {"type": "integer"},
+                   "international_standard_book_number": {"type": "string", "pattern": "^[0-9]{3}$"}},
+    "required": ["title", "year", "international_standard_book_number"],
+}
 
 
 def test_static_step_equals_eager_forward() -> None:
@@ -45,47 +53,55 @@ def test_static_step_equals_eager_forward() -> None:
 
 
 def _requests(eng, temperature: float = 0.0) -> list[GenerationRequest]:
-    person = eng.compile(Constraint("json_schema", PERSON_SCHEMA))
-    digits = eng.compile(Constraint("regex", r"[0-9]{2,5}"))
+    """A mixed batch: forced keys (declared order), a budget the close must meet, top-k, an
+    unconstrained row and one that runs out of budget."""
+    def grammar(kind, source):
+        return eng.compile(Constraint.from_args(**{kind: source}))
 
-    def req(text, grammar, max_tokens, seed):
-        return GenerationRequest(eng.loaded.encode_prompt(text), grammar,
-                                 SamplingParams(temperature, seed=seed), max_tokens,
-                                 stop_token_ids=frozenset(eng.loaded.eos_token_ids),
-                                 force_tokens=False, budget_close=False)
+    person = grammar("json_schema", PERSON_SCHEMA)
+
+    def req(text, cg, max_tokens, seed, **kw):
+        return GenerationRequest(eng.loaded.encode_prompt(text), cg,
+                                 SamplingParams(temperature, top_k=kw.pop("top_k", 0), seed=seed), max_tokens,
+                                 stop_token_ids=frozenset(eng.loaded.eos_token_ids), **kw)
 
     return [
-        req("Describe Bob, 42 years old, as JSON.", person, 20, 1),
-        req("Pick a number.", digits, 6, 2),
+        req("Describe the book Dune (1965) as JSON.", grammar("json_schema", ORDER_SCHEMA), 40, 1),
+        req("Pick a number.", grammar("regex", r"[0-9]{2,5}"), 6, 2, top_k=5),
         req("Say hi.", None, 5, 3),
-        req("Describe Ann, 7, as JSON.", person, 9, 4),  # runs out of budget: "length"
+        req("Describe Ann, 7, as JSON.", person, 12, 4),  # the budget-aware close finishes it
+        req("Describe Bob, 42, as JSON.", person, 5, 5),  # too short for any document: "length"
+        req("Write a word.", grammar("regex", r"[a-z]{2,8}"), 8, 6, top_k=20),
     ]
 
 
-def _eager(eng, reqs):
-    return run_requests(Scheduler(ModelRunner(eng.loaded.model, 4, 128), eng.vocab, eng._encode), reqs)
+def _eager(eng, reqs, max_batch=4):
+    backend = EagerStep(ModelRunner(eng.loaded.model, max_batch, 128), eng.vocab.vocab_size)
+    return run_requests(Scheduler(backend, eng.vocab, eng._encode), reqs)
 
 
-def _graph(eng, reqs, mode, max_batch=4):
-    run = GraphRunner(eng.loaded.model, max_batch, 128, mask_words=(eng.vocab.vocab_size + 31) // 32)
-    sched = GraphScheduler(run, eng.vocab, mode=mode, max_prefill_tokens=64)
-    return run_requests(sched, reqs), sched
+def _graph(eng, reqs, table=True, max_batch=4):
+    backend = GraphStep(GraphRunner(eng.loaded.model, max_batch, 128), eng.vocab.vocab_size, table=table)
+    return run_requests(Scheduler(backend, eng.vocab, eng._encode, max_prefill_tokens=64), reqs), backend
 
 
-@pytest.mark.parametrize("mode", ["table", "host"])
+@pytest.mark.parametrize("table", [True, False])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_graph_path_equals_eager_path(mode: str, temperature: float) -> None:
+def test_graph_path_equals_eager_path(table: bool, temperature: float) -> None:
     eng = engine()
     reqs = _requests(eng, temperature)
     want = _eager(eng, reqs)
-    # max_batch 2 and a small prefill budget: admission in two rounds, compaction, padding rows
-    got, sched = _graph(eng, reqs, mode, max_batch=2)
+    # max_batch 2 and a small prefill budget: admission in rounds, compaction, padding rows
+    got, backend = _graph(eng, reqs, table, max_batch=2)
     for w, g in zip(want, got):
         assert g.token_ids == w.token_ids
         assert g.finish_reason == w.finish_reason
-    assert [r.finish_reason for r in got][:2] == ["stop", "stop"]
-    if mode == "table":
-        assert sched.cache.misses > 0  # the host filled the table lazily
+        assert g.forced_tokens == w.forced_tokens
+    assert got[0].forced_tokens > 0 and got[3].forced_tokens > 0  # several tokens per forward
+    assert [r.finish_reason for r in got][3:5] == ["stop", "length"]
+    assert checker("json_schema", PERSON_SCHEMA)(got[3].text)
+    if table:
+        assert backend.cache.misses > 0  # the host filled the table lazily
 
 
 def test_wide_states_get_a_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,22 +112,67 @@ def test_wide_states_get_a_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sc, "EXPAND_MAX_TOKENS", 8)  # the test vocabulary is small
     monkeypatch.setattr(sc, "EXPAND_ON_MISS", 1)  # two short requests miss out of a state once
     eng = engine()
-    reqs = _requests(eng)[:2]
+    reqs = [r for r in _requests(eng) if r.grammar is not None and r.sampling.top_k == 0][:1]
+    for r in reqs:
+        r.budget_close = False
     want = _eager(eng, reqs)
-    got, sched = _graph(eng, reqs, "table", max_batch=2)
+    backend = GraphStep(GraphRunner(eng.loaded.model, 2, 128), eng.vocab.vocab_size)
+    sched = Scheduler(backend, eng.vocab, eng._encode)
+    got = run_requests(sched, reqs)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
-    assert sched.cache.defaults > 0
-    misses = sched.cache.misses
-    again, _ = run_requests(sched, reqs), None
+    assert backend.cache.defaults > 0
+    misses = backend.cache.misses
+    again = run_requests(sched, reqs)
     assert [g.token_ids for g in again] == [w.token_ids for w in want]
-    assert sched.cache.misses == misses  # second pass: every step served by the GPU table
+    assert backend.cache.misses == misses  # second pass: every step served by the GPU table
 
 
-def test_unconstrained_mode_none() -> None:
+class _Refusing:
+    """A broken matcher: its mask allows a token that its ``accept_token`` then refuses."""
+
+    def __init__(self, inner, refuse_after: int) -> None:
+        self.inner, self.left = inner, refuse_after
+
+    def accept_token(self, token: int) -> bool:
+        self.left -= 1
+        return self.left >= 0 and self.inner.accept_token(token)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+class _Empty(_Refusing):
+    """A broken matcher whose mask allows nothing."""
+
+    def fill_next_token_bitmask(self, bitmask, row=0, **_):
+        bitmask[row].zero_()
+
+
+@pytest.mark.parametrize("path", ["eager", "table", "host"])
+def test_a_broken_matcher_fails_only_its_own_request(path: str) -> None:
     eng = engine()
-    reqs = [r for r in _requests(eng) if r.grammar is None]
-    want = _eager(eng, reqs)
-    got, _ = _graph(eng, reqs, "none")
-    assert [g.token_ids for g in got] == [w.token_ids for w in want]
-    with pytest.raises(ValueError):
-        GraphScheduler(GraphRunner(eng.loaded.model, 1, 64, 8), eng.vocab, mode="none").add(_requests(eng)[0])
+    healthy = _requests(eng)
+    digits = healthy[1].grammar
+    refusing = GenerationRequest(healthy[1].prompt_ids, digits, max_tokens=6, matcher=_Refusing(digits.matcher(), 1))
+    empty = GenerationRequest(healthy[1].prompt_ids, None, max_tokens=6, matcher=_Empty(digits.matcher(), 9))
+    reqs = [healthy[0], refusing, healthy[2], empty, healthy[3]]
+    got = _eager(eng, reqs) if path == "eager" else _graph(eng, reqs, table=path == "table")[0]
+    alone = _eager(eng, [healthy[0], healthy[2], healthy[3]])
+    assert [r.finish_reason for r in got] == [alone[0].finish_reason, "error", alone[1].finish_reason, "error",
+                                              alone[2].finish_reason]
+    assert "refused token" in got[1].error and "empty mask" in got[3].error
+    assert len(got[1].token_ids) == 1 and not got[1].valid
+    assert [r.token_ids for r in (got[0], got[2], got[4])] == [r.token_ids for r in alone]
+
+
+def test_bad_requests_fail_alone() -> None:
+    eng = engine()
+    ok = _requests(eng)[2]
+    backend = EagerStep(ModelRunner(eng.loaded.model, 2, 64), eng.vocab.vocab_size)
+    sched = Scheduler(backend, eng.vocab, eng._encode, context_len=48)
+    long = GenerationRequest(list(range(1, 60)), None, max_tokens=4)
+    empty = GenerationRequest([], None, max_tokens=4)
+    got: list[GenerationResult] = run_requests(sched, [long, ok, empty])
+    assert got[0].finish_reason == "error" and "59 tokens" in got[0].error and "context of 48" in got[0].error
+    assert got[2].finish_reason == "error" and "at least one token" in got[2].error
+    assert got[1].finish_reason in ("stop", "length") and got[1].token_ids
