@@ -511,7 +511,7 @@ def sample(
     mask_arg = masks if has_mask else logits
     midx = mask_index.to(device=dev, dtype=torch.int32) if mask_index is not None else None
     midx_arg = midx if midx is not None else logits
-    w = masks.shape[-1] if has_mask else 0
+    w = masks.shape[-1] if masks is not None else 0
     common = dict(HAS_MASK=has_mask, HAS_MIDX=midx is not None, BLOCK=block)
     _stage1_kernel[(b, s)](
         logits, logits.stride(0), mask_arg, midx_arg, w,

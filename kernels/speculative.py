@@ -74,6 +74,7 @@ def verify_draft_ref(
         s = int(states[r])
         for i in range(k1):
             if i > 0 and s >= 0:
+                assert table is not None  # s >= 0 only with a table
                 nxt, miss = advance_ref(table.keys, table.values, table.present,
                                         torch.tensor([s], dtype=torch.int32, device=dev),
                                         draft_tokens[r, i - 1 : i].to(torch.int32))
@@ -83,6 +84,7 @@ def verify_draft_ref(
                 s = int(nxt[0])
             chain[r, i] = s
             if s >= 0:
+                assert table is not None
                 allowed = unpack_bitmask(table.masks[s : s + 1], v)[0].to(dev)
             else:
                 allowed = torch.ones(v, dtype=torch.bool, device=dev)
@@ -325,12 +327,12 @@ def verify_draft(
     draft_tokens = draft_tokens.to(dev).contiguous()
     if draft_tokens.numel() == 0:
         draft_tokens = torch.zeros(b, 1, dtype=torch.int64, device=dev)
-    has_table = table is not None and states is not None
     out = torch.full((b, k1), -1, dtype=torch.int64, device=dev)
     chain = torch.full((b, k1), -1, dtype=torch.int32, device=dev)
     n_out = torch.empty(b, dtype=torch.int32, device=dev)
     flags = torch.empty(b, dtype=torch.int8, device=dev)
-    if has_table:
+    has_table = table is not None and states is not None
+    if table is not None and states is not None:
         st = states.to(device=dev, dtype=torch.int32).contiguous()
         tabs = (table.masks, table.words, table.keys, table.values, table.present, table.transition_capacity,
                 table.state_capacity)
