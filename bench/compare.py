@@ -28,11 +28,12 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.data import DEFAULT_DATA, REPO_ROOT, expand_subsets, load_cases
+from bench import REPO_ROOT
 from bench.engines import ADAPTERS, ENGINES
 from bench.report import build_report
 from bench.runner import run_engine
 from bench.tok import TOKENIZERS
+from constrain.testing.corpus import DEFAULT_DATA, expand_subsets, load_cases
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -90,8 +91,8 @@ def append_benchmarks(report: str) -> None:
 
 def rereport(args: argparse.Namespace, command: str) -> int:
     """The report of an earlier run, its walk verdicts judged again (documents kept in the JSONL)."""
-    from bench.data import make_checker
     from bench.walk import judge_doc
+    from constrain.testing.corpus import make_checker
 
     recs = [json.loads(line) for line in args.rereport.read_text(encoding="utf-8").splitlines() if line.strip()]
     subsets = sorted({r["subset"] for r in recs})

@@ -16,9 +16,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import constrain
-from bench.data import JSB_SUBSETS, load_cases
 from constrain import compiler, tokenizers
 from constrain.grammars.json_schema import json_schema_to_grammar
+from constrain.testing.corpus import JSB_SUBSETS, load_cases
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from bench.tok import Tok
+from constrain.testing.corpus import suite_remote
 
 ENGINES = ("constrain", "xgrammar", "llguidance", "outlines")
 
@@ -241,14 +242,14 @@ class Constrain(Engine):
 
     def compile(self, schema: Any) -> Compiled:
         # The test suite's remote documents (http://localhost:1234/ -> remotes/), never fetched.
-        cg = self.constrain.compile_json_schema(schema, self.tok.vocab, remote_schemas=_suite_remote)
+        cg = self.constrain.compile_json_schema(schema, self.tok.vocab, remote_schemas=suite_remote)
         return _FactoryCompiled(lambda: _StdMatcher(cg.matcher()))
 
     @staticmethod
     def version() -> str:
         import subprocess
 
-        from bench.data import REPO_ROOT
+        from bench import REPO_ROOT
 
         def git(*a: str) -> str:
             return subprocess.run(["git", *a], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
@@ -260,13 +261,6 @@ class Constrain(Engine):
             return "?"
 
 
-def _suite_remote(uri: str) -> Any:
-    from bench.data import DEFAULT_DATA, TS_REMOTE
-
-    path = DEFAULT_DATA / "json-schema-test-suite" / "remotes" / uri[len(TS_REMOTE):]
-    if not uri.startswith(TS_REMOTE) or not path.is_file():
-        return None
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 ADAPTERS: dict[str, type[Engine]] = {

@@ -42,8 +42,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import REPO_ROOT
 from bench.compare import append_benchmarks, git_commit, machine
-from bench.data import REPO_ROOT
 from bench.engines import Compiled, Constrain, LLGuidance, XGrammar, _FactoryCompiled, _LlgMatcher, _StdMatcher
 from bench.report import pct
 from bench.worker import THREAD_ENV

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from bench.data import REPO_ROOT, Case
+from bench import REPO_ROOT
 from bench.worker import THREAD_ENV
+from constrain.testing.corpus import Case
 
 
 class WorkerDied(Exception):

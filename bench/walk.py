@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.data import VALIDATOR_ERROR
 from bench.engines import Compiled
 from bench.tok import Tok
+from constrain.testing.corpus import VALIDATOR_ERROR
 
 STRUCTURAL = frozenset(b'"{}[],:')
 

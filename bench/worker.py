@@ -33,8 +33,8 @@ def _summary(ns: list[int]) -> dict[str, float]:
 
 
 def run_case(engine: Any, masks: Any, case: dict, args: argparse.Namespace, send: Any) -> None:
-    from bench.data import make_checker
     from bench.walk import check_instance, judge_doc, random_walk
+    from constrain.testing.corpus import make_checker
 
     t0 = time.perf_counter()
     try:

@@ -8,15 +8,13 @@ must be refused with a ``SchemaError``; the coverage rate itself is measured by
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from constrain.testing.corpus import DEFAULT_DATA, JSB_SUBSETS, load_cases, suite_remote
+from constrain.testing.schema_check import check
 
-from bench.schema_coverage import BENCH, SUITE, bench_cases, check, suite_cases, suite_remote  # noqa: E402
+BENCH = DEFAULT_DATA / "jsonschemabench"
+SUITE = DEFAULT_DATA / "json-schema-test-suite" / "draft2020-12"
 
 OPTIONS: dict = {}  # the defaults
 SUITE_OPTIONS = {"remote_schemas": suite_remote}
@@ -26,15 +24,19 @@ def _sample(cases, every: int):
     return [c for i, c in enumerate(cases) if i % every == 0]
 
 
+def _labelled(case) -> list[tuple]:
+    return [(t["data"], t["valid"]) for t in case.tests]
+
+
 @pytest.mark.skipif(not BENCH.exists(), reason="JSONSchemaBench data not present")
 def test_jsonschemabench_sample_is_sound_and_mostly_covered():
-    cases = _sample(bench_cases(None, None), 60)
+    cases = _sample(load_cases(DEFAULT_DATA, sorted(JSB_SUBSETS), "all"), 60)
     outcomes = {}
-    for _subset, name, schema, tests in cases:
-        outcome, detail = check(schema, tests, OPTIONS, timeout=20)
-        assert outcome != "accept_invalid", f"{name}: accepted an invalid instance {detail}"
-        assert outcome != "crash", f"{name}: {detail}"
-        outcomes[name] = (outcome, detail)
+    for case in cases:
+        outcome, detail = check(case.schema, _labelled(case), OPTIONS, timeout=20)
+        assert outcome != "accept_invalid", f"{case.id}: accepted an invalid instance {detail}"
+        assert outcome != "crash", f"{case.id}: {detail}"
+        outcomes[case.id] = (outcome, detail)
     passed = sum(o == "pass" for o, _ in outcomes.values())
     assert passed >= 0.8 * len(outcomes), {k: v for k, v in outcomes.items() if v[0] != "pass"}
 
@@ -56,10 +58,9 @@ SUITE_FILES = ["allOf", "anyOf", "oneOf", "not", "if-then-else", "enum", "const"
 @pytest.mark.skipif(not SUITE.exists(), reason="JSON Schema Test Suite not present")
 @pytest.mark.parametrize("keyword", SUITE_FILES)
 def test_suite_keyword_is_sound(keyword):
-    for subset, name, schema, tests in suite_cases():
-        if subset != keyword:
-            continue
-        outcome, detail = check(schema, tests, SUITE_OPTIONS, timeout=20)
+    for case in load_cases(DEFAULT_DATA, [f"ts/{keyword}"], "all"):
+        name = f"{keyword}: {case.description}"
+        outcome, detail = check(case.schema, _labelled(case), SUITE_OPTIONS, timeout=20)
         assert outcome not in ("accept_invalid", "crash"), f"{name}: {outcome} {detail}"
         if name not in KNOWN_INCOMPLETE:
             assert outcome != "reject_valid", f"{name}: rejected a valid instance {detail}"

@@ -1,4 +1,4 @@
-"""Benchmark cases: JSONSchemaBench subsets and the JSON Schema Test Suite (draft2020-12).
+"""JSONSchemaBench subsets and the JSON Schema Test Suite (draft2020-12), read in place.
 
 A case is one schema with its labelled instances. The dev half of a subset is every case whose
 0-based position in its file is even (for the test suite: each file's each schema group); the test
@@ -15,8 +15,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data"
+# The checkout's sibling folder ../shared/data (constrain/testing/ -> constrain/ -> the repository).
+DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 JSB_SUBSETS = (
     "Github_trivial", "Github_easy", "Github_medium", "Github_hard", "Github_ultra",
@@ -34,6 +34,7 @@ class Case:
     index: int              # position in its file
     schema: Any
     tests: list[dict] = field(default_factory=list)   # {"data", "valid", "description"}
+    description: str = ""   # the suite's schema-group description ("" for JSONSchemaBench)
 
     @property
     def is_suite(self) -> bool:
@@ -73,7 +74,7 @@ def _read_subset(data_dir: Path, subset: str) -> list[Case]:
         groups = json.loads(path.read_text(encoding="utf-8"))
         return [Case(f"{subset}#{i}", subset, i, g["schema"],
                      [{"data": t["data"], "valid": bool(t["valid"]), "description": t.get("description", "")}
-                      for t in g["tests"]])
+                      for t in g["tests"]], g.get("description", ""))
                 for i, g in enumerate(groups)]
     path = data_dir / "jsonschemabench" / f"{subset}.jsonl.gz"
     cases = []
@@ -103,24 +104,31 @@ def load_cases(data_dir: Path, subsets: list[str], split: str = "dev", limit: in
 
 # ------------------------------------------------------------------------------- validation
 
+def suite_remote(uri: str, data_dir: Path = DEFAULT_DATA) -> Any:
+    """The test suite's remote documents: http://localhost:1234/<path> -> remotes/<path> (never fetched)."""
+    path = data_dir / "json-schema-test-suite" / "remotes" / uri[len(TS_REMOTE):]
+    if not uri.startswith(TS_REMOTE) or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 @cache
-def _remote_registry(data_dir: str) -> Any:
+def remote_registry(data_dir: Path = DEFAULT_DATA) -> Any:
     """A `referencing.Registry` that serves http://localhost:1234/ from the suite's remotes/ folder."""
     from referencing import Registry, Resource
     from referencing.exceptions import NoSuchResource
     from referencing.jsonschema import DRAFT202012
 
-    remotes = Path(data_dir) / "json-schema-test-suite" / "remotes"
-
     def retrieve(uri: str) -> Resource:
-        if not uri.startswith(TS_REMOTE):
-            raise NoSuchResource(ref=uri)
-        path = remotes / uri[len(TS_REMOTE):]
-        if not path.is_file():
-            raise NoSuchResource(ref=uri)
-        return Resource.from_contents(json.loads(path.read_text(encoding="utf-8")), default_specification=DRAFT202012)
+        contents = suite_remote(uri, data_dir)
+        if contents is None:
+            raise NoSuchResource(ref=uri)  # type: ignore[call-arg]  # an attrs class mypy reads without its fields
+        return Resource.from_contents(contents, default_specification=DRAFT202012)
 
-    return Registry(retrieve=retrieve)
+    return Registry(retrieve=retrieve)  # type: ignore[call-arg]  # likewise
 
 
 def validator_class(schema: Any, suite: bool) -> Any:
@@ -143,7 +151,7 @@ def validator_class(schema: Any, suite: bool) -> Any:
 def make_checker(schema: Any, suite: bool, data_dir: Path) -> Callable[[Any], tuple[bool, bool, str]]:
     """instance -> (valid ignoring `format`, valid with `format` asserted, first error message)."""
     cls = validator_class(schema, suite)
-    kwargs: dict[str, Any] = {"registry": _remote_registry(str(data_dir))}
+    kwargs: dict[str, Any] = {"registry": remote_registry(data_dir)}
     plain = cls(schema, **kwargs)
     strict = cls(schema, format_checker=cls.FORMAT_CHECKER, **kwargs)
 
