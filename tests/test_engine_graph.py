@@ -53,8 +53,9 @@ def test_static_step_equals_eager_forward() -> None:
 
 
 def _requests(eng, temperature: float = 0.0) -> list[GenerationRequest]:
-    """A mixed batch: forced keys (declared order), a budget the close must meet, top-k, an
-    unconstrained row and one that runs out of budget."""
+    """A mixed batch: forced keys (declared order), a budget the close must meet (its masks
+    come from the host), top-k rows on the state table, an unconstrained row and one that runs
+    out of budget."""
     def grammar(kind, source):
         return eng.compile(Constraint.from_args(**{kind: source}))
 
@@ -66,12 +67,12 @@ def _requests(eng, temperature: float = 0.0) -> list[GenerationRequest]:
                                  stop_token_ids=frozenset(eng.loaded.eos_token_ids), **kw)
 
     return [
-        req("Describe the book Dune (1965) as JSON.", grammar("json_schema", ORDER_SCHEMA), 40, 1),
-        req("Pick a number.", grammar("regex", r"[0-9]{2,5}"), 6, 2, top_k=5),
+        req("Describe the book Dune (1965) as JSON.", grammar("json_schema", ORDER_SCHEMA), 80, 1),
+        req("Pick a number.", grammar("regex", r"[0-9]{2,5}"), 6, 2, top_k=5, budget_close=False),
         req("Say hi.", None, 5, 3),
         req("Describe Ann, 7, as JSON.", person, 12, 4),  # the budget-aware close finishes it
         req("Describe Bob, 42, as JSON.", person, 5, 5),  # too short for any document: "length"
-        req("Write a word.", grammar("regex", r"[a-z]{2,8}"), 8, 6, top_k=20),
+        req("Write a word.", grammar("regex", r"[a-z]{2,8}"), 8, 6, top_k=20, budget_close=False),
     ]
 
 
