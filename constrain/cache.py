@@ -1,0 +1,163 @@
+"""Caches weighed in bytes, and structure ids that grammars share, for ``GrammarCompiler``.
+
+Nothing here is module-level state: every cache belongs to a compiler context (or to one
+grammar), so two contexts never share memory or ids and ``clear()`` really frees what it held.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+
+V = TypeVar("V")
+
+# Python's own cost of a small container entry (key, pointers, object header), roughly.
+ENTRY_BYTES = 100
+
+
+@runtime_checkable
+class Growing(Protocol):
+    """A value that keeps growing after it is cached (a compiled grammar extends lazily)."""
+
+    def estimated_bytes(self) -> int: ...
+
+
+def nbytes_of(value: object) -> int:
+    """Rough memory of a cached value: numpy arrays, bytes and the containers holding them."""
+    if isinstance(value, Growing):
+        return value.estimated_bytes()
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, (bytes, bytearray)):
+        return len(value) + ENTRY_BYTES // 2
+    if isinstance(value, (list, tuple)):
+        return ENTRY_BYTES + sum(nbytes_of(v) + 8 for v in value)
+    if isinstance(value, dict):
+        return ENTRY_BYTES + sum(nbytes_of(v) + ENTRY_BYTES for v in value.values())
+    if dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
+        return ENTRY_BYTES + sum(nbytes_of(v) for v in vars(value).values())
+    return ENTRY_BYTES // 4
+
+
+class ByteBudgetCache:
+    """A thread-safe LRU mapping whose entries are weighed in bytes (and optionally counted).
+
+    Past ``max_bytes`` (or ``max_entries``) the least recently used entries go. A value that grows
+    after insertion (``Growing``: a compiled grammar) is weighed again at every insertion, so the
+    budget follows its growth; other values are weighed once.
+    """
+
+    def __init__(self, max_bytes: int | None = None, max_entries: int | None = None) -> None:
+        for name, limit in (("max_bytes", max_bytes), ("max_entries", max_entries)):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+                raise ValueError(f"ByteBudgetCache: {name} must be a non-negative int or None, got {limit!r}")
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._growing: set[Hashable] = set()
+        self._nbytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now (growing values weighed afresh)."""
+        with self._lock:
+            self._reweigh()
+            return self._nbytes
+
+    def get(self, key: Hashable) -> Any | None:
+        """The value under ``key`` (now the most recent), or None."""
+        with self._lock:
+            got = self._entries.get(key)
+            if got is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self._entries.move_to_end(key)
+            return got[0]
+
+    def get_or_make(self, key: Hashable, make: Callable[[], V]) -> V:
+        """``self[key]``, made by ``make()`` on a miss (outside the lock: makes may be slow)."""
+        got = self.get(key)
+        if got is not None:
+            return got  # type: ignore[no-any-return]
+        value = make()
+        self.put(key, value)
+        return value
+
+    def put(self, key: Hashable, value: object) -> None:
+        """Insert ``value`` as the most recent entry, then evict down to the limits."""
+        size = nbytes_of(value)
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._nbytes -= old[1]
+            self._entries[key] = (value, size)
+            self._nbytes += size
+            if isinstance(value, Growing):
+                self._growing.add(key)
+            else:
+                self._growing.discard(key)
+            self._reweigh()
+            self._evict()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._growing.clear()
+            self._nbytes = 0
+
+    def _reweigh(self) -> None:
+        for key in self._growing:
+            value, size = self._entries[key]
+            now = nbytes_of(value)
+            self._entries[key] = (value, now)
+            self._nbytes += now - size
+
+    def _evict(self) -> None:
+        while self._entries and (
+                (self.max_bytes is not None and self._nbytes > self.max_bytes)
+                or (self.max_entries is not None and len(self._entries) > self.max_entries)):
+            key, (_, size) = self._entries.popitem(last=False)
+            self._growing.discard(key)
+            self._nbytes -= size
+
+
+class Signatures:
+    """Ids of expression structures, equal across the grammars that share this table.
+
+    Grammars compiled by one context share walks keyed by these ids. Keys holding ids also hold
+    the table, so ids of different tables (another context, or this one after ``clear()``) can
+    never be confused.
+    """
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[Any, ...], int] = {}
+        self._lock = threading.Lock()
+
+    def intern(self, key: tuple[Any, ...]) -> int:
+        """The id of structure ``key`` (a new id the first time it is seen)."""
+        with self._lock:
+            got = self._ids.get(key)
+            if got is None:
+                got = self._ids[key] = len(self._ids)
+            return got
+
+    def estimated_bytes(self) -> int:
+        return len(self._ids) * 2 * ENTRY_BYTES
+
+    def __len__(self) -> int:
+        return len(self._ids)
