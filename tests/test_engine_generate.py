@@ -4,7 +4,7 @@ constraints, a mixed continuous batch equals each request run alone, budgets are
 from __future__ import annotations
 
 import pytest
-from engine_support import GREETING_LARK, PERSON_SCHEMA, checker, engine
+from support.engine import GREETING_LARK, PERSON_SCHEMA, checker, engine
 
 from constrain.engine.api import ExtractionError, LengthError, Request
 

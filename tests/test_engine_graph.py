@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_support import PERSON_SCHEMA, checker, engine
+from support.engine import PERSON_SCHEMA, checker, engine
 
 from constrain.engine.constraints import Constraint
 from constrain.engine.generate import run_requests

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_support import engine
+from support.engine import engine
 
 from constrain.engine.hf_processor import build_logits_processor
 from constrain.engine.model import ModelLoadError, load_model

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _kernels_support import DEVICE, needs_kernels, rand_words
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.kernels import DEVICE, needs_kernels, rand_words
 
 from constrain.kernels import apply_token_bitmask_inplace, apply_token_bitmask_inplace_ref, unpack_bitmask
 

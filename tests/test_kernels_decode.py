@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _kernels_support import DEVICE, needs_kernels  # first: it may set TRITON_INTERPRET
+from support.kernels import DEVICE, needs_kernels  # first: it may set TRITON_INTERPRET
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
 from constrain.kernels.decode import (

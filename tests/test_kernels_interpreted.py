@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _kernels_support import KERNELS_RUN
+from support.kernels import KERNELS_RUN
 
 
 def test_kernel_tests_ran_somewhere() -> None:

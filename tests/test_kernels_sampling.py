@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 
 import torch
-from _kernels_support import DEVICE, chi2_pvalue, needs_kernels, rand_words
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.kernels import DEVICE, chi2_pvalue, needs_kernels, rand_words
 
 from constrain.kernels import sample, sample_ref, unpack_bitmask
 from constrain.kernels import sampling as S

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from _kernels_support import DEVICE, chi2_pvalue, needs_kernels, rand_words
+from support.kernels import DEVICE, chi2_pvalue, needs_kernels, rand_words
 
 from constrain.kernels import StateTable, unpack_bitmask, verify_draft, verify_draft_ref
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from _kernels_support import DEVICE, needs_kernels
+from support.kernels import DEVICE, needs_kernels
 
 from constrain.kernels import StateTable, advance_ref
 

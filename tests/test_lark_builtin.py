@@ -13,13 +13,13 @@ from functools import cache
 import lark
 import numpy as np
 import pytest
+from support.lark_sampling import LarkSampler
 
 import constrain
 from constrain import tokenizers
 from constrain.grammars.builtin import builtin_grammar, load, names, tool_call_grammar
 from constrain.grammars.errors import GrammarError
 from constrain.grammars.lark_frontend import BUILTIN_DIR
-from tests.lark_sampling import LarkSampler
 
 GRAMMARS = ("json", "sql_select", "expr", "tool_call")
 TOKENIZERS = {
