@@ -52,7 +52,7 @@ def array_ir(t: Translator, sh: Shape) -> Node:
             t.unsat(f"minContains {c.min} > maxContains {c.max}", c.sub.pointer)
             return NOTHING
         if c.max == 0:
-            extra_conj.append(Sub({"not": c.sub.schema}, c.sub.base, c.sub.pointer))
+            extra_conj.append(t.doc.negation(c.sub))
     position_subs: list[list[Sub]] = []
     for i in range(width):
         subs = [a.prefix[i] if i < len(a.prefix) else a.items for a in sh.arrays]
@@ -95,7 +95,7 @@ def _contains(t: Translator, sh: Shape, c: Any, rest_subs: list[Sub], width: int
     if c.max is None:
         other = t.value_rule(rest_subs, sh.pointer + "/items")
     else:
-        other = t.value_rule(rest_subs + [Sub({"not": c.sub.schema}, c.sub.base, c.sub.pointer)], c.sub.pointer)
+        other = t.value_rule(rest_subs + [t.doc.negation(c.sub)], c.sub.pointer)
     others_after = repeat(seq(t.comma, other))
 
     def at_least(m: int, more_max: int | None) -> Node:

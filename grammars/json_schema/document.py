@@ -12,16 +12,24 @@ the network.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
 from constrain.grammars.errors import SchemaError
 
-__all__ = ["Sub", "Document", "load_schema"]
+__all__ = ["Sub", "Document", "load_schema", "MAX_SCHEMA_DEPTH"]
 
 DEFAULT_BASE = "urn:constrain:root"
+# How many objects/arrays deep a schema document may nest. JSONSchemaBench's deepest is 26; the
+# bound keeps every later stage (JSON parsing, literals, grammar analysis) far from Python's stack.
+MAX_SCHEMA_DEPTH = 512
+_POINTER_TOKENS_SHOWN = 6
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 RemoteSchemas = Mapping[str, Any] | Callable[[str], Any] | None
 
@@ -59,19 +67,62 @@ def _own_base(node: dict, base: str, draft4: bool) -> str:
     return base
 
 
+def _too_deep(what: str, pointer: str) -> SchemaError:
+    return SchemaError(f"{what} nests objects and arrays more than {MAX_SCHEMA_DEPTH} levels deep (the limit)", pointer)
+
+
+def _check_text_depth(text: str) -> None:
+    """Refuse JSON text nested deeper than ``MAX_SCHEMA_DEPTH``, counted without parsing it.
+
+    Escaped backslashes and quotes are dropped first so that the quotes left delimit strings; the
+    brackets outside them are then counted by C-level string operations and one pass over them."""
+    unquoted = text.replace("\\\\", "").replace('\\"', "")
+    outside = "".join(unquoted.split('"')[::2])
+    steps = map(_BRACKET_STEP.__getitem__, _NOT_BRACKET.sub("", outside))
+    if max(accumulate(steps), default=0) > MAX_SCHEMA_DEPTH:
+        raise _too_deep("the schema's JSON text", "")
+
+
+def _check_depth(schema: Any) -> None:
+    """Refuse a schema nested deeper than ``MAX_SCHEMA_DEPTH`` (or containing itself), iteratively.
+
+    Each entry links to its parent, so the pointer of the offending place is known only when needed.
+    """
+    stack: list[tuple[Any, int, Any, str]] = [(schema, 0, None, "")]
+    while stack:
+        entry = stack.pop()
+        value, depth = entry[0], entry[1]
+        if isinstance(value, dict):
+            children: Iterable[tuple[Any, Any]] = value.items()
+        elif isinstance(value, list):
+            children = enumerate(value)
+        else:
+            continue
+        if depth >= MAX_SCHEMA_DEPTH:
+            tokens = []
+            while entry[2] is not None:
+                tokens.append(escape_pointer(entry[3]))
+                entry = entry[2]
+            shown = "/".join(reversed(tokens[-_POINTER_TOKENS_SHOWN:]))
+            raise _too_deep("the schema", f"#/{shown}/... ({len(tokens)} levels down)")
+        stack.extend((child, depth + 1, entry, str(key)) for key, child in children)
+
+
 def load_schema(schema: Any) -> Any:
     """Accept a dict, a bool or JSON text; anything else is a ``SchemaError``."""
-    if isinstance(schema, (str, bytes, bytearray)):
+    if isinstance(schema, (bytes, bytearray)):
+        schema = bytes(schema).decode(json.detect_encoding(schema), "surrogatepass")
+    if isinstance(schema, str):
+        _check_text_depth(schema)
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as exc:
             raise SchemaError(
                 f"schema is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})", ""
             ) from None
-        except RecursionError:
-            raise SchemaError("schema JSON is nested too deeply to parse", "") from None
     if not isinstance(schema, (dict, bool)):
         raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}", "")
+    _check_depth(schema)
     return schema
 
 
@@ -90,6 +141,7 @@ class Document:
         # $ref siblings are ignored up to draft-07.
         self.ref_overrides = any(f"draft-0{n}" in meta for n in (3, 4, 6, 7))
         self.resources: dict[str, Sub] = {}
+        self._negations: dict[tuple[int, str], Sub] = {}
         self.anchors: dict[tuple[str, str], Sub] = {}
         base = _own_base(root, DEFAULT_BASE, self.draft4) if isinstance(root, dict) else DEFAULT_BASE
         self.root_sub = Sub(root, base, "#")
@@ -134,6 +186,20 @@ class Document:
             pointer += "/" + escape_pointer(str(t))
         base = _own_base(node, sub.base, self.draft4) if isinstance(node, dict) else sub.base
         return Sub(node, base, pointer)
+
+    def negation(self, sub: Sub) -> Sub:
+        """The subschema ``not sub``, one object per ``sub``.
+
+        Negating a recursive schema meets the same negation again one value down; being the same
+        subschema (same key) it becomes the same rule, a ``Ref`` cycle, instead of a new rule each
+        time (an endless compile). Kept alive here, its key (an ``id``) is never reused.
+        """
+        if isinstance(sub.schema, bool):
+            return Sub(not sub.schema, sub.base, sub.pointer)
+        got = self._negations.get(sub.key())
+        if got is None:
+            got = self._negations[sub.key()] = Sub({"not": sub.schema}, sub.base, sub.pointer)
+        return got
 
     def resolve(self, ref: str, sub: Sub) -> Sub:
         """The subschema ``ref`` (found in ``sub``) points to."""

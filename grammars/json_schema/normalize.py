@@ -457,18 +457,18 @@ class Normalizer:
                 if narrow and name in required_here:
                     self._narrowed = True  # "name absent" is kept; "present with a bad value" is dropped
                     continue
-                neg = Sub({"not": value.schema}, value.base, value.pointer)
+                neg = self.doc.negation(value)
                 violation({"object"}, objects=(ObjectPart(properties=((name, neg),), required=(name,), annotates=False),))
             if part.names is not None and relevant("object"):
                 raise CannotNegate("'propertyNames'")
             # not (every other member satisfies X) = some member violates X
             pats = tuple(pat for pat, _ in part.patterns)
             if part.additional is not None and part.additional.schema not in (True, {}):
-                w = Witness(tuple(n for n, _ in part.properties), pats, None, _negated(part.additional))
+                w = Witness(tuple(n for n, _ in part.properties), pats, None, self.doc.negation(part.additional))
                 violation({"object"}, witnesses=(w,))
             for pat, psub in part.patterns:
                 if psub.schema not in (True, {}):
-                    violation({"object"}, witnesses=(Witness((), (), pat, _negated(psub)),))
+                    violation({"object"}, witnesses=(Witness((), (), pat, self.doc.negation(psub)),))
         if s.min_items:
             violation({"array"}, max_items=s.min_items - 1)
         if s.max_items is not None:
@@ -476,20 +476,20 @@ class Normalizer:
         for c in s.contains:
             if (c.min != 1 or c.max is not None) and relevant("array"):
                 raise CannotNegate("'minContains'/'maxContains'")
-            neg = Sub({"not": c.sub.schema}, c.sub.base, c.sub.pointer)
+            neg = self.doc.negation(c.sub)
             violation({"array"}, arrays=(ArrayPart(items=neg, annotates=False),))
         for part in s.arrays:
             # not (item i is X_i) = there is an item i and it is not X_i
             true = Sub(True, "", p)
             for i, x in enumerate(part.prefix):
                 if x.schema not in (True, {}):
-                    violation({"array"}, arrays=(ArrayPart((true,) * i + (_negated_or_false(x),), annotates=False),),
+                    violation({"array"}, arrays=(ArrayPart((true,) * i + (self.doc.negation(x),), annotates=False),),
                               min_items=i + 1)
             if part.prefix and part.items is not None and part.items.schema not in (True, {}) and relevant("array"):
                 raise CannotNegate("'items' after 'prefixItems'")
             # not (every item is X) = some item is not X
             if not part.prefix and part.items is not None and part.items.schema not in (True, {}):
-                neg = Sub({"not": part.items.schema}, part.items.base, part.items.pointer)
+                neg = self.doc.negation(part.items)
                 violation({"array"}, contains=(Contains(neg),))
         if s.unique and relevant("array"):
             raise CannotNegate("'uniqueItems'")
@@ -670,20 +670,6 @@ def _constants(schema: Any, exact: bool = False) -> set | None:
         c = {hashable(schema["const"])}
         out = c if out is None else out & c
     return out
-
-
-def _negated_or_false(sub: Sub) -> Sub:
-    """``not sub`` (``false`` for ``true``)."""
-    if sub.schema is True:
-        return Sub(False, sub.base, sub.pointer)
-    return _negated(sub)
-
-
-def _negated(sub: Sub) -> Sub:
-    """The schema ``not sub`` (``true`` for ``false``)."""
-    if sub.schema is False:
-        return Sub(True, sub.base, sub.pointer)
-    return Sub({"not": sub.schema}, sub.base, sub.pointer)
 
 
 def _type_ok(v: Any, types: frozenset[str]) -> bool:

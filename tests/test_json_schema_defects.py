@@ -1,0 +1,146 @@
+"""The JSON Schema front end's defects found by fuzzing (issue 11), each as the case that exposed it.
+
+Masks are checked with a Matcher over 256 single-byte tokens plus EOS; the oracle is ``jsonschema``'s
+validator for the schema's declared draft.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+import constrain
+from constrain.grammars.errors import SchemaError
+from constrain.grammars.json_schema import json_schema_to_grammar
+
+BYTES = constrain.Vocabulary.from_token_bytes([bytes([i]) for i in range(256)] + [None], eos_token_ids=[256])
+EOS = 256
+BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
+
+
+def dump(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def oracle(schema: Any) -> Any:
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def accepts(compiled: constrain.CompiledGrammar, text: bytes) -> bool:
+    m = compiled.matcher()
+    return m.accept_bytes(text) and m.accept_token(EOS)
+
+
+def agree(schema: Any, values: list[Any], **options: Any) -> constrain.CompiledGrammar:
+    """Every value (or raw JSON text) is accepted exactly when the declared draft's validator says valid."""
+    compiled = constrain.compile_json_schema(schema, BYTES, **options)
+    check = oracle(schema)
+    for value in values:
+        text = value if isinstance(value, bytes) else dump(value)
+        expected = check.is_valid(json.loads(text))
+        assert accepts(compiled, text) == expected, (schema, text, expected)
+    return compiled
+
+
+def random_walks(compiled: constrain.CompiledGrammar, schema: Any, walks: int = 8, steps: int = 120) -> int:
+    """Follow the mask at random; every allowed token must be accepted and every finished document
+    valid. Returns how many documents were finished."""
+    check = oracle(schema)
+    rng = random.Random(0)
+    finished = 0
+    for _ in range(walks):
+        m = compiled.matcher()
+        text = b""
+        for _ in range(steps):
+            allowed = m.allowed_token_ids().tolist()
+            assert allowed, f"empty mask after {text!r}"
+            assert all(m.fork().accept_token(t) for t in allowed), text
+            token = EOS if EOS in allowed and rng.random() < 0.3 else rng.choice(allowed)
+            assert m.accept_token(token)
+            if token == EOS:
+                assert check.is_valid(json.loads(text)), text
+                finished += 1
+                break
+            text += bytes([token])
+    return finished
+
+
+def bench_schema(case_id: str) -> Any:
+    subset = case_id.split("/")[0]
+    with gzip.open(BENCH / f"{subset}.jsonl.gz", "rt", encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if row["id"] == case_id:
+                return row
+    raise LookupError(case_id)
+
+
+# ---------------------------------------------------------------------- defect 4: compile hangs
+
+
+def test_negation_of_a_recursive_schema_compiles() -> None:
+    schema = {"$defs": {"a": {"type": "array", "items": {"$ref": "#/$defs/a"}}}, "not": {"$ref": "#/$defs/a"}}
+    compiled = agree(schema, [1, "x", None, {}, [1], [[1]], [[], [[1]]], [], [[]], [[], [[]]], [[[[]]]]])
+    assert random_walks(compiled, schema)
+
+
+def test_one_of_with_a_recursive_member_compiles() -> None:
+    row = bench_schema("Github_hard/o76745")
+    schema = json.loads(row["schema"]) if isinstance(row["schema"], str) else row["schema"]
+    compiled = agree(schema, [t["data"] for t in row["tests"]] + [{}, {"GroupId": 1, "Bucket": 2}])
+    random_walks(compiled, schema, walks=4)
+
+
+# ---------------------------------------------------------------------- defect 2: deep inputs
+
+_DEEP_IN_A_FRESH_PROCESS = """
+import json, sys
+from constrain.grammars.errors import SchemaError
+from constrain.grammars.json_schema import json_schema_to_grammar
+nested = {"type": "integer"}
+for _ in range(3000):
+    nested = {"type": "object", "properties": {"a": nested}}
+for schema in (nested, "[" * 100_000, json.dumps({"const": [[[[0]]]] }).replace("[", "[" * 600)):
+    try:
+        json_schema_to_grammar(schema)
+    except SchemaError as exc:
+        print(exc)
+print(sys.getrecursionlimit())
+"""
+
+
+def test_deep_schemas_are_refused_naming_the_depth_in_a_fresh_process() -> None:
+    out = subprocess.run([sys.executable, "-c", _DEEP_IN_A_FRESH_PROCESS], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("the schema nests objects and arrays more than 512 levels deep (the limit) at "
+                               "#/properties/a/properties/a/properties/a/..."), lines
+    assert lines[1] == "the schema's JSON text nests objects and arrays more than 512 levels deep (the limit) at #"
+    assert lines[2].startswith("the schema's JSON text nests"), lines
+    assert lines[3] == "1000"  # the default: nothing raised it
+
+
+def test_depth_is_counted_outside_strings_and_up_to_the_limit() -> None:
+    brackets_in_strings = {"description": "[{" * 1000, "enum": ['\\"[' * 600]}
+    agree(brackets_in_strings, ['\\"[' * 600, "x"])
+    assert json_schema_to_grammar(json.dumps(brackets_in_strings))
+    at_the_limit = {"type": "integer", "examples": json.loads("[" * 511 + "]" * 511)}  # 512 levels
+    agree(at_the_limit, [1, "x"])
+    assert json_schema_to_grammar(json.dumps(at_the_limit)).rules
+    with pytest.raises(SchemaError, match="more than 512 levels deep"):
+        json_schema_to_grammar({"type": "integer", "examples": [at_the_limit["examples"]]})
+    with pytest.raises(SchemaError, match="more than 512 levels deep"):
+        json_schema_to_grammar(json.dumps({"type": "integer", "examples": [at_the_limit["examples"]]}))
+    cyclic: dict = {"type": "object"}
+    cyclic["properties"] = {"self": cyclic}
+    with pytest.raises(SchemaError, match="more than 512 levels deep"):
+        json_schema_to_grammar(cyclic)
