@@ -1,7 +1,7 @@
 """Graph-decode engine throughput: unconstrained vs constrain vs xgrammar / llguidance in one loop.
 
 Why: with eager transformers decode (~80-100 ms a step) constraint overhead is invisible. Here
-every engine runs in the same ``GraphScheduler`` loop over CUDA-graph decode steps:
+every engine runs in the same ``Scheduler`` over the graph step backend (``GraphStep``):
 - ``none``: unconstrained (same graphs, no mask);
 - ``constrain``: masks gathered on the GPU from the state table (no per-step host mask work);
 - ``constrain_host``, ``xgrammar``, ``llguidance``: each row's matcher fills its bitmask row on the
@@ -28,9 +28,11 @@ import torch
 
 from bench.tok import Tok
 from constrain.engine.generate import run_requests
-from constrain.engine.graph_loop import GraphScheduler
+from constrain.engine.graph_loop import GraphStep
 from constrain.engine.graph_runner import BATCH_BUCKETS, GraphRunner
+from constrain.engine.runner import EagerStep, ModelRunner
 from constrain.engine.sampler import SamplingParams
+from constrain.engine.scheduler import Scheduler
 from constrain.engine.types import GenerationRequest
 
 STATES, TRANSITIONS = 8192, 1 << 20  # state table reserved before timing (no growth, no recapture)
@@ -114,12 +116,34 @@ def llama8b(data: Path, device: str, tiny: bool = False) -> tuple[Any, Tok, Any]
 
 
 # -- the engine loop --------------------------------------------------------------------------
-class Timed(GraphScheduler):
-    """A ``GraphScheduler`` that records the wall time and live rows of each decode step."""
+class AnchorMatcher:
+    """An anchor's ``bench.engines`` matcher behind the verbs the scheduler drives."""
+
+    def __init__(self, inner: Any, eos: tuple[int, ...]) -> None:
+        self.inner, self.eos, self.done = inner, eos, False
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int = 0) -> None:
+        self.inner.fill(bitmask[row:row + 1])
+
+    def accept_token(self, token: int) -> bool:
+        if token in self.eos:
+            self.done = bool(self.inner.accept_eos(token))
+            return self.done
+        return bool(self.inner.accept(token))
+
+    def is_terminated(self) -> bool:
+        return self.done
+
+
+class Timed(Scheduler):
+    """A ``Scheduler`` that records the wall time and live rows of each decode step."""
+
+    log: list[tuple[float, int]]
+    lengths: list[int]
 
     def step(self):  # type: ignore[override]
-        admit = bool(self.waiting) and len(self.rows) < self.runner.max_rows
-        live = sum(r.finish_reason is None for r in self.rows)
+        admit = bool(self.waiting) and len(self.running) < self.backend.max_rows
+        live = len(self.running)
         t0 = time.perf_counter()
         out = super().step()
         if not admit:
@@ -177,7 +201,10 @@ def run_suite(args: Any) -> None:
 
 def run_cell(sched: Timed, reqs: list[GenerationRequest], matchers: list[Any] | None) -> dict:
     sched.log = []
-    ids = [sched.add(r, matchers[i] if matchers else None) for i, r in enumerate(reqs)]
+    for i, r in enumerate(reqs):
+        if matchers:
+            r.grammar, r.matcher = None, AnchorMatcher(matchers[i], tuple(sched.vocab.eos_token_ids))
+    ids = [sched.add(r) for r in reqs]
     index = {rid: i for i, rid in enumerate(ids)}
     results: list[Any] = [None] * len(reqs)
     _sync()
@@ -222,20 +249,18 @@ def hf_generate(model: Any, tok: Tok, xgr_compiled: list[Any], batch: int, max_t
 
 
 def check_replay(model: Any, tok: Tok, schemas: list[dict], bos: list[int]) -> dict:
-    """Replayed graphs vs the same steps run eagerly, and vs the eager engine (``Scheduler``):
+    """Replayed graphs vs the same steps run eagerly, and vs the eager backend (``EagerStep``):
     greedy token ids of 6 constrained + 2 unconstrained requests, 24 tokens."""
     import constrain
-    from constrain.engine.runner import ModelRunner
-    from constrain.engine.scheduler import Scheduler
 
     compiled = [constrain.compile_json_schema(s["schema"], tok.vocab) for s in schemas]
     reqs = make_requests(tok, schemas, compiled, 6, 24, bos) + make_requests(tok, schemas, [], 2, 24, bos)
     outs = []
     for graphs in (torch.cuda.is_available(), False):
-        run = GraphRunner(model, 8, 256, mask_words=(tok.vocab_size + 31) // 32, use_graphs=graphs)
-        outs.append([r.token_ids for r in run_requests(GraphScheduler(run, tok.vocab), reqs)])
-        del run
-    eager = run_requests(Scheduler(ModelRunner(model, 8, 256), tok.vocab, tok.encode), reqs)
+        step = GraphStep(GraphRunner(model, 8, 256, use_graphs=graphs), tok.vocab_size)
+        outs.append([r.token_ids for r in run_requests(Scheduler(step, tok.vocab, tok.encode), reqs)])
+        del step
+    eager = run_requests(Scheduler(EagerStep(ModelRunner(model, 8, 256), tok.vocab_size), tok.vocab, tok.encode), reqs)
     same_eager = sum(a == r.token_ids for a, r in zip(outs[0], eager))
     return {"check": "graph replay == eager static steps", "equal": outs[0] == outs[1],
             "rows_equal_to_eager_scheduler": f"{same_eager}/{len(reqs)}"}
@@ -292,31 +317,36 @@ def bench_model(name: str, model: Any, tok: Tok, schemas: list[dict], batches: l
             anchors[mode] = [eng.compile(s["schema"]) for s in schemas]
         emit({"model": name, "mode": mode, "setup_s": round(time.perf_counter() - t0, 2)})
     need = max(len(r.prompt_ids) for r in make_requests(tok, schemas, [], max(batches), 1, bos)) + max(max_tokens, 8) + 1
-    runner = GraphRunner(model, max(batches), -(-need // 64) * 64, mask_words=(tok.vocab_size + 31) // 32)
+    runner = GraphRunner(model, max(batches), -(-need // 64) * 64)
     lengths = sorted({runner.length_bucket(n) for n in range(1, runner.max_len + 1)})
     for b in BATCH_BUCKETS:  # capture ahead of the timed runs: every bucket a run can reach
         if b <= runner.max_rows:
             runner.capture(b, lengths)
-    scheds = {m: Timed(runner, tok.vocab, mode="none" if m == "none" else "table" if m == "constrain" else "host")
-              for m in modes}
-    for sc in scheds.values():  # sample graphs of every bucket, table reserved to its final size
-        sc.capture(states=STATES, transitions=TRANSITIONS)
+    # One backend (one state table, so one set of sample graphs); host-mask modes set table=False.
+    backend = GraphStep(runner, tok.vocab_size)
+    backend.capture(states=STATES, transitions=TRANSITIONS)  # every bucket, table at its final size
+    scheds = {m: Timed(backend, tok.vocab, tok.encode) for m in modes}
+
+    def use(m: str) -> Timed:
+        backend.table = m == "constrain"
+        return scheds[m]
+
     # Warm-up: sample graphs, first constraint states, and Triton JIT of the eager kernels at every
     # batch size (they are specialised on sizes: a first use at b=256 compiled inside a timed run).
-    for m, sc in scheds.items():
+    for m in scheds:
         for wb in sorted({4, *batches}):
             reqs = make_requests(tok, schemas, [] if m == "none" else compiled, wb, 2, bos)
-            run_cell(sc, reqs, [anchors[m][i % len(schemas)].matcher() for i in range(wb)] if m in anchors else None)
+            run_cell(use(m), reqs, [anchors[m][i % len(schemas)].matcher() for i in range(wb)] if m in anchors else None)
     for b in batches:
         for m in modes:
             reqs = make_requests(tok, schemas, [] if m == "none" else compiled, b, max_tokens, bos)
             matchers = [anchors[m][i % len(schemas)].matcher() for i in range(b)] if m in anchors else None
-            cache = scheds[m].cache
-            before = (cache.misses, cache.expansions, cache.defaults) if cache else None
+            cache = backend.cache
+            before = (cache.misses, cache.expansions, cache.defaults)
             captures = runner.captures
-            row = {"model": name, "mode": m, "batch": b, **run_cell(scheds[m], reqs, matchers)}
+            row = {"model": name, "mode": m, "batch": b, **run_cell(use(m), reqs, matchers)}
             row["captures_in_run"] = runner.captures - captures  # should be 0
-            if cache is not None:
+            if m == "constrain":
                 row["misses"] = cache.misses - before[0]
                 row["expansions"] = cache.expansions - before[1]
                 row["defaults"] = cache.defaults - before[2]
@@ -327,11 +357,11 @@ def bench_model(name: str, model: Any, tok: Tok, schemas: list[dict], batches: l
                 same = make_requests(tok, schemas, [], b, max_tokens, bos)
                 for r, n in zip(same, scheds[m].lengths):
                     r.max_tokens = n
-                base = run_cell(scheds["none"], same, None)
+                base = run_cell(use("none"), same, None)
                 row["none_same_lengths_tok_per_s"] = base["tok_per_s"]
                 row["vs_none"] = round(row["tok_per_s"] / base["tok_per_s"], 3)
             emit(row)
-    del runner, scheds
+    del runner, backend, scheds
     torch.cuda.empty_cache()
     if hf:
         import xgrammar as xgr

@@ -120,3 +120,25 @@ def test_extract_returns_a_validated_pydantic_instance() -> None:
 def test_conflicting_constraints_are_rejected() -> None:
     with pytest.raises(ValueError, match="at most one constraint"):
         engine().generate("x", regex="a", choices=["a"])
+
+
+def _accepts(cg, text: str) -> bool:
+    m = cg.matcher()
+    return m.accept_bytes(text.encode()) and m.is_accepting()
+
+
+def test_json_generation_defaults_are_strict_unless_the_schema_is_open() -> None:
+    """Declared order, no undeclared keys under the open-object default; an explicit
+    ``additionalProperties: true`` stays open; JSON_SCHEMA_SEMANTICS gives the validator's view."""
+    from constrain.engine.constraints import JSON_SCHEMA_SEMANTICS, Constraint
+
+    vocab = engine().vocab
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}},
+              "required": ["b", "a"]}
+    strict = Constraint.from_args(json_schema=schema).compile(vocab)
+    assert _accepts(strict, '{"b":1,"a":2}')
+    assert not _accepts(strict, '{"a":2,"b":1}') and not _accepts(strict, '{"b":1,"a":2,"z":3}')
+    opened = Constraint.from_args(json_schema={**schema, "additionalProperties": True}).compile(vocab)
+    assert _accepts(opened, '{"b":1,"a":2,"z":3}')
+    full = Constraint.from_args(json_schema=schema, json_options=JSON_SCHEMA_SEMANTICS).compile(vocab)
+    assert _accepts(full, '{"a":2,"b":1}') and _accepts(full, '{"b":1,"a":2,"z":3}')
