@@ -7,12 +7,18 @@ class GrammarError(ValueError):
     """A constraint that cannot be compiled."""
 
 
+#: Longest pattern quoted whole in a ``RegexError`` message (``.pattern`` always has all of it).
+_QUOTED_PATTERN = 200
+
+
 class RegexError(GrammarError):
     """A regular expression that is malformed or uses a feature we cannot enforce."""
 
     def __init__(self, message: str, pattern: str, position: int | None = None) -> None:
         where = f" at position {position}" if position is not None else ""
-        super().__init__(f"{message}{where} in pattern {pattern!r}")
+        quoted = repr(pattern) if len(pattern) <= _QUOTED_PATTERN else \
+            f"{pattern[:_QUOTED_PATTERN]!r}... ({len(pattern)} characters)"
+        super().__init__(f"{message}{where} in pattern {quoted}")
         self.pattern = pattern
         self.position = position
 

@@ -16,7 +16,7 @@ simplify as they go (an ``Alt`` of one item is that item, a ``Seq`` containing `
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
@@ -24,7 +24,7 @@ __all__ = [
     "Node", "Bytes", "Seq", "Alt", "And", "Not", "Repeat", "Ref", "Unordered", "Grammar",
     "NOTHING", "EMPTY", "ANY_BYTE",
     "byte_set", "literal", "seq", "alt", "intersect", "complement", "repeat", "optional", "ref", "unordered",
-    "unordered_min_length",
+    "unordered_min_length", "nullable",
 ]
 
 
@@ -296,6 +296,25 @@ def unordered(items: Iterable[tuple[Node, bool]], extra: Node = NOTHING, *, firs
     if not kept and extra == NOTHING:
         return EMPTY if min == 0 else NOTHING
     return Unordered(tuple(i for i, _ in kept), tuple(r for _, r in kept), extra, first, sep, last, min, max)
+
+
+def nullable(node: Node, nullable_rules: Container[str] = frozenset()) -> bool:
+    """Whether ``node`` matches the empty string, given the names of the rules that do."""
+    if isinstance(node, Bytes):
+        return False
+    if isinstance(node, (Seq, And)):
+        return all(nullable(i, nullable_rules) for i in node.items)
+    if isinstance(node, Alt):
+        return any(nullable(i, nullable_rules) for i in node.items)
+    if isinstance(node, Repeat):
+        return node.min == 0 or nullable(node.item, nullable_rules)
+    if isinstance(node, Ref):
+        return node.name in nullable_rules
+    if isinstance(node, Not):
+        return not nullable(node.item, nullable_rules)
+    if isinstance(node, Unordered):  # members are never empty: only the empty member list is
+        return node.min == 0 and not any(node.required)
+    raise TypeError(f"not an IR node: {node!r}")
 
 
 def unordered_min_length(item_mins: Iterable[float], required: int, extra_min: float,

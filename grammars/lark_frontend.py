@@ -48,18 +48,25 @@ import re
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
-from lark import load_grammar as _lg
+from lark import Token, Tree
 from lark.exceptions import GrammarError as _LarkError
 from lark.exceptions import UnexpectedInput
-from lark.grammar import NonTerminal, Terminal
-from lark.lexer import PatternStr, Token
-from lark.tree import Tree
 
 from constrain.grammars import ir
-from constrain.grammars.analysis import INFINITE, RefMapper, cyclic_components, reachable_rules, refs, rule_min_lengths
+from constrain.grammars.analysis import INFINITE, MinLength, RefMapper, cyclic_components, reachable_rules, refs
 from constrain.grammars.errors import LarkGrammarError, RegexError
-from constrain.grammars.ir import EMPTY, NOTHING, Node, alt, optional, ref, repeat, seq
+from constrain.grammars.ir import EMPTY, NOTHING, Node, alt, nullable, optional, ref, repeat, seq
+from constrain.grammars.lark_adapter import (
+    LoadedGrammar,
+    NonTerminal,
+    Terminal,
+    literal_pattern,
+    parse_grammar_text,
+    unescape,
+)
+from constrain.grammars.lark_adapter import load as lark_load
 from constrain.grammars.regex import regex_to_ir
 from constrain.grammars.unicode import char_class
 
@@ -73,6 +80,10 @@ _START_RULE = "__start"
 _NONEMPTY = "!nonempty"  # suffix of the rules made by removing the empty string from a rule
 _MAX_TEMPLATE_INSTANCES = 10_000
 _MAX_REWRITE_ROUNDS = 8
+#: Deepest nesting of parenthesised alternatives in one rule: the conversion recurses once per
+#: level (and a regex literal inside may add its own), so the bound keeps a deep grammar a
+#: ``LarkGrammarError`` without touching the recursion limit.
+MAX_NESTING = 50
 
 
 def lark_to_grammar(text: str, start: str = "start", *, import_paths: Sequence[str | Path] = ()) -> ir.Grammar:
@@ -88,11 +99,9 @@ def lark_to_grammar(text: str, start: str = "start", *, import_paths: Sequence[s
 
 # ------------------------------------------------------------------------------------ loading
 
-def _load(text: str, import_paths: list[str]) -> _lg.Grammar:
-    builder = _lg.GrammarBuilder(import_paths=import_paths)
+def _load(text: str, import_paths: list[str]) -> LoadedGrammar:
     try:
-        builder.load_grammar(text, "<string>")
-        return builder.build()
+        return lark_load(text, import_paths)
     except UnexpectedInput as e:
         raise LarkGrammarError(f"syntax error: {str(e).strip().splitlines()[0]}", line=e.line) from None
     except _LarkError as e:
@@ -101,6 +110,9 @@ def _load(text: str, import_paths: list[str]) -> _lg.Grammar:
         if at:
             return _raise(message[: at.start()] + message[at.end():], int(at.group(1)))
         return _raise(message, _Lines(text).for_message(message))
+    except RecursionError:  # lark's loader recurses along the text's nesting
+        raise LarkGrammarError(f"the grammar nests too deeply for lark's grammar loader (rules may nest "
+                               f"parentheses at most {MAX_NESTING} deep)") from None
     except OSError as e:  # an %import that lark could not find
         stmt = re.search(r"^\s*%import\b.*$", text, re.M)
         where = text.count("\n", 0, stmt.start()) + 1 if stmt else None
@@ -120,7 +132,7 @@ class _Lines:
         self.declares: dict[str, int] = {}
         self.imports: dict[str, int] = {}  # name (or dotted path part) -> line of its %import
         try:
-            tree = _lg._get_parser().parse(text + "\n", "start")
+            tree = parse_grammar_text(text)
         except Exception:  # the text did not parse: nothing to locate
             return
         for stmt in tree.children:
@@ -172,23 +184,23 @@ class _Lines:
 # --------------------------------------------------------------------------------- conversion
 
 class _Converter:
-    def __init__(self, text: str, loaded: _lg.Grammar, start: str) -> None:
+    def __init__(self, text: str, loaded: LoadedGrammar, start: str) -> None:
         self.text = text
         self._lines: _Lines | None = None
         self.templates: dict[str, tuple[tuple[str, ...], Tree]] = {}
         self.rule_trees: dict[str, Tree] = {}
-        for name, params, tree, _options in loaded.rule_defs:
+        for name, params, tree in loaded.rules:
             if tree is None:
-                self._declared(str(name))
+                self._declared(name)
             if params:
-                self.templates[str(name)] = (tuple(params), tree)
+                self.templates[name] = (params, tree)
             else:
-                self.rule_trees[str(name)] = tree
+                self.rule_trees[name] = tree
         self.term_trees: dict[str, Tree] = {}
-        for name, (tree, _priority) in loaded.term_defs:
-            if tree is None:
-                self._declared(str(name))
-            self.term_trees[str(name)] = tree
+        for name, body in loaded.terminals:
+            if body is None:
+                self._declared(name)
+            self.term_trees[name] = body
         if start not in self.rule_trees:
             raise LarkGrammarError(f"start rule {start!r} is not defined"
                                    + (" (it is a template)" if start in self.templates else ""))
@@ -201,6 +213,7 @@ class _Converter:
         self.instances: dict[tuple[str, tuple[Node, ...]], str] = {}
         self.notes: list[str] = []
         self.quantifiers: set[str] = set()  # quantifier kinds seen while converting a terminal
+        self.nesting = 0  # alternatives open in the tree being converted
 
     @property
     def lines(self) -> _Lines:
@@ -209,7 +222,7 @@ class _Converter:
             self._lines = _Lines(self.text)
         return self._lines
 
-    def _declared(self, name: str) -> None:
+    def _declared(self, name: str) -> NoReturn:
         raise LarkGrammarError(
             f"%declare {name}: declared symbols come from a custom lexer, which constrain cannot "
             "enforce; define it instead", line=self.lines.declares.get(name))
@@ -232,9 +245,9 @@ class _Converter:
         while self.pending:
             self.pending.popleft()()
         rules = self.rules
-        nullable = _fixpoint(rules, _nullable)
+        nullable_rules = _fixpoint(rules, nullable)
         self._prune_unproductive()
-        _LeftRecursion(self, nullable).eliminate()
+        _LeftRecursion(self, nullable_rules).eliminate()
         start = self.start
         if self.ignore:
             rules[_START_RULE] = seq(self.gap, ref(start))
@@ -263,14 +276,18 @@ class _Converter:
             self.quantifiers = set()
             body = self._expr(self.term_trees[name], {}, name, terminal=True)
             body = self._lazy(body, self.quantifiers, name, None)
-            if _nullable(body, set()):
-                raise LarkGrammarError(
-                    f"terminal {name} matches the empty string (lark's Earley parser does not "
-                    "allow zero-width terminals)", line=self._line(name))
+            if nullable(body):
+                self._zero_width(f"terminal {name}", self._line(name))
             return body
 
         self._define(name, build)
         return ref(name)
+
+    @staticmethod
+    def _zero_width(what: str, line: int | None) -> NoReturn:
+        raise LarkGrammarError(f"{what} matches the empty string (lark's Earley parser does not allow "
+                               "zero-width terminals; make it non-empty, and optional where it is used)",
+                               line=line)
 
     def _template(self, name: str, args: tuple[Node, ...], line: int | None) -> Node:
         params, tree = self.templates[name]
@@ -293,10 +310,17 @@ class _Converter:
             return self._symbol(t, env, owner, terminal)
         d, kids = t.data, t.children
         if d == "expansions":
-            return alt(*(self._expr(k, env, owner, terminal) for k in kids))
+            if self.nesting > MAX_NESTING:
+                raise LarkGrammarError(f"{owner} nests parentheses more than {MAX_NESTING} deep",
+                                       line=self._line(owner))
+            self.nesting += 1
+            try:
+                return alt(*(self._expr(k, env, owner, terminal) for k in kids))
+            finally:
+                self.nesting -= 1
         if d == "expansion":
             if terminal and _is_escaped_string(kids):
-                quote = re.escape(_lg.eval_escaping(_literal_text(kids[0])[1:-1]))
+                quote = re.escape(unescape(_literal_text(kids[0])[1:-1]))
                 return seq(ir.literal(quote[-1]), regex_to_ir(fr"([^{quote}\\\n]|\\[^\n])*"),
                            ir.literal(quote[-1]))
             return seq(*(self._expr(k, env, owner, terminal) for k in kids))
@@ -313,6 +337,8 @@ class _Converter:
                 return self._literal(kids[0], owner)
             self.quantifiers = set()
             node = self._literal(kids[0], owner)
+            if nullable(node):  # an anonymous terminal: lark refuses it as it does a named one
+                self._zero_width(f"{kids[0]} in {owner}", self._line(owner, kids[0]))
             return seq(self._lazy(node, self.quantifiers, owner, kids[0]), self.gap)
         if d == "range":
             node = self._range(kids[0], kids[1], owner)
@@ -357,16 +383,15 @@ class _Converter:
 
     def _literal(self, tok: Token, owner: str) -> Node:
         try:
-            pattern = _lg._literal_to_pattern(tok)
+            value, flags, is_regex = literal_pattern(tok)
         except _LarkError as e:
             raise LarkGrammarError(f"{e} (in {owner})", line=self._line(owner, tok)) from None
-        flags = "".join(sorted(pattern.flags))
-        if isinstance(pattern, PatternStr):
+        if not is_regex:
             if not flags:
-                return ir.literal(pattern.value)
-            source = f"(?{flags}:{re.escape(pattern.value)})"
+                return ir.literal(value)
+            source = f"(?{flags}:{re.escape(value)})"
         else:
-            source = f"(?{flags}){pattern.value}" if flags else pattern.value
+            source = f"(?{flags}){value}" if flags else value
         try:
             node = regex_to_ir(source, dialect="python")
         except RegexError as e:
@@ -385,7 +410,7 @@ class _Converter:
         return _shortest(node)
 
     def _range(self, lo_tok: Token, hi_tok: Token, owner: str) -> Node:
-        lo, hi = (_lg.eval_escaping(t.value[1:-1]) for t in (lo_tok, hi_tok))
+        lo, hi = (unescape(t.value[1:-1]) for t in (lo_tok, hi_tok))
         if len(lo) != 1 or len(hi) != 1 or ord(lo) > ord(hi):
             raise LarkGrammarError(f"bad range {lo_tok.value}..{hi_tok.value}", line=self._line(owner, lo_tok))
         return char_class([(ord(lo), ord(hi))])
@@ -393,7 +418,7 @@ class _Converter:
     # ------------------------------------------------------------------ cleaning up
 
     def _prune_unproductive(self) -> None:
-        productive = {n for n, size in rule_min_lengths(self.rules).items() if size < INFINITE}
+        productive = _fixpoint(self.rules, lambda node, known: _Productive(known)(node) < INFINITE)
         dead = [name for name in self.rules if name not in productive]
         if not dead:
             return
@@ -435,7 +460,7 @@ def _is_escaped_string(kids: list) -> bool:
     quote = _literal_text(kids[0])
     if quote is None or quote != _literal_text(kids[2]) or not quote.startswith('"'):
         return False
-    if len(_lg.eval_escaping(quote[1:-1])) != 1:
+    if len(unescape(quote[1:-1])) != 1:
         return False
     middle = kids[1]
     while isinstance(middle, Tree) and middle.data != "expansion" and len(middle.children) == 1:
@@ -476,23 +501,26 @@ def _shortest(node: Node) -> Node:
 
 # ------------------------------------------------------------------------ IR analyses
 
-def _nullable(node: Node, known: set[str]) -> bool:
-    """Whether ``node`` matches the empty string, given the rules known to be nullable."""
-    if isinstance(node, ir.Bytes):
-        return False
-    if isinstance(node, ir.Seq):
-        return all(_nullable(i, known) for i in node.items)
-    if isinstance(node, ir.Alt):
-        return any(_nullable(i, known) for i in node.items)
-    if isinstance(node, ir.Repeat):
-        return node.min == 0 or _nullable(node.item, known)
-    if isinstance(node, ir.Ref):
-        return node.name in known
-    if isinstance(node, ir.And):
-        return all(_nullable(i, known) for i in node.items)
-    if isinstance(node, ir.Not):  # only inside terminals, which have no rule references
-        return not _nullable(node.item, known)
-    raise TypeError(node)
+class _Productive(MinLength):
+    """Finite for the nodes that derive some string, given the rules known to (0 stands in for
+    their lengths): a productivity test that never enters another rule, so chains of any length
+    cost no recursion."""
+
+    def __init__(self, known: set[str]) -> None:
+        super().__init__({})
+        self.known = known
+
+    def rule(self, name: str) -> float:
+        return 0 if name in self.known else INFINITE
+
+
+def _union(forms: list[_Form]) -> _Form:
+    """The form of the union of ``forms``' languages."""
+    heads: dict[str, list[Node]] = {}
+    for part, _ in forms:
+        for k, r in part.items():
+            heads.setdefault(k, []).append(r)
+    return {k: alt(*rs) for k, rs in heads.items()}, alt(*(base for _, base in forms))
 
 
 def _fixpoint(rules: dict[str, Node], holds: Callable[[Node, set[str]], bool]) -> set[str]:
@@ -515,13 +543,21 @@ def _fixpoint(rules: dict[str, Node], holds: Callable[[Node, set[str]], bool]) -
 
 # ------------------------------------------------------------------------ left recursion
 
+#: A rule's body as ``Σ ref(k) heads[k] | base`` over the rules ``k`` of one left-recursive cycle.
+_Form = tuple[dict[str, Node], Node]
+
+
 class _LeftRecursion:
     """Rewrites left recursion away, keeping every rule's language.
 
-    ``a = a r | b`` has the least solution ``a = b r*``. A cycle through several rules is first
-    folded into one rule by substituting the earlier rules of the cycle where they occur in
-    leftmost position (Paull's algorithm); a nullable prefix ``p`` in ``p a x`` is split into
-    ``p``'s non-empty part (a new rule ``p!nonempty`` where ``p`` is a rule) and the empty string.
+    ``a = a r | b`` has the least solution ``a = b r*``. The rules of a left-recursive cycle are
+    first written in left-linear form, ``a = Σ k r_k | b`` over the cycle's rules ``k``; then, in
+    definition order, the forms of the earlier rules are substituted for their leftmost uses and
+    the rule's own loop is solved as above (Paull's algorithm on the forms: a substitution only
+    extends the heads' rests, so a cycle through n rules costs O(n) flat substitutions, where
+    substituting whole bodies nested them n deep). A nullable prefix ``p`` in ``p a x`` is split
+    into ``p``'s non-empty part (a new rule ``p!nonempty`` where ``p`` is a rule) and the empty
+    string.
     """
 
     def __init__(self, conv: _Converter, nullable: set[str]) -> None:
@@ -529,29 +565,42 @@ class _LeftRecursion:
         self.rules = conv.rules
         self.nullable_rules = nullable
         self.nonempty_todo: deque[str] = deque()
+        # Both analyses depend on a node's structure and the (fixed) nullable rules only; by
+        # identity, with the node kept alive beside its answer.
+        self.left_memo: dict[int, tuple[Node, frozenset[str]]] = {}
+        self.nullable_memo: dict[int, tuple[Node, bool]] = {}
 
     def nullable(self, node: Node) -> bool:
-        return _nullable(node, self.nullable_rules)
+        got = self.nullable_memo.get(id(node))
+        if got is None:
+            got = self.nullable_memo[id(node)] = (node, nullable(node, self.nullable_rules))
+        return got[1]
 
-    def left(self, node: Node) -> set[str]:
+    def left(self, node: Node) -> frozenset[str]:
         """Rules that can start ``node`` (after a nullable prefix)."""
+        got = self.left_memo.get(id(node))
+        if got is None:
+            got = self.left_memo[id(node)] = (node, self._left(node))
+        return got[1]
+
+    def _left(self, node: Node) -> frozenset[str]:
         if isinstance(node, ir.Ref):
-            return {node.name}
+            return frozenset((node.name,))
         if isinstance(node, ir.Seq):
             out: set[str] = set()
             for item in node.items:
                 out |= self.left(item)
                 if not self.nullable(item):
                     break
-            return out
+            return frozenset(out)
         if isinstance(node, ir.Alt):
-            return set().union(*(self.left(i) for i in node.items))
+            return frozenset().union(*(self.left(i) for i in node.items))
         if isinstance(node, ir.Repeat):
             return self.left(node.item)
-        return set()
+        return frozenset()
 
     def graph(self) -> dict[str, set[str]]:
-        return {name: self.left(body) for name, body in self.rules.items()}
+        return {name: set(self.left(body)) for name, body in self.rules.items()}
 
     def eliminate(self) -> None:
         order = self.conv.order
@@ -560,18 +609,7 @@ class _LeftRecursion:
             if not cycles:
                 return
             for comp in cycles:
-                comp.sort(key=lambda n: order.get(n, len(order)))
-                done: list[str] = []
-                for a in comp:
-                    body = self.rules[a]
-                    for b in done:
-                        if b in self.left(body):
-                            body = self.substitute(body, b, self.rules[b])
-                    rec, base = self.split(body, a)
-                    if rec != NOTHING:
-                        body = seq(base, repeat(rec, 0, None))
-                    self.rules[a] = body
-                    done.append(a)
+                self.solve(sorted(comp, key=lambda n: order.get(n, len(order))))
             self.build_nonempty()
         cycles = cyclic_components(self.graph(), list(self.rules))
         if cycles:
@@ -581,46 +619,48 @@ class _LeftRecursion:
                 f"rule {name!r} is left-recursive ({path}) in a way that could not be rewritten",
                 line=self.conv._line(name))
 
-    def substitute(self, node: Node, name: str, body: Node) -> Node:
-        """``node`` with ``Ref(name)`` in leftmost positions replaced by ``body``."""
-        if isinstance(node, ir.Ref):
-            return body if node.name == name else node
-        if name not in self.left(node):
-            return node
-        if isinstance(node, ir.Seq):
-            items = list(node.items)
-            for i, item in enumerate(items):
-                items[i] = self.substitute(item, name, body)
-                if not self.nullable(item):
-                    break
-            return seq(*items)
-        if isinstance(node, ir.Alt):
-            return alt(*(self.substitute(i, name, body) for i in node.items))
-        if isinstance(node, ir.Repeat):
-            return repeat(self.substitute(node.item, name, body), node.min, node.max)
-        return node
+    def solve(self, cycle: list[str]) -> None:
+        """Paull's elimination over the cycle's rules, in the order given."""
+        members = frozenset(cycle)
+        forms: dict[str, _Form] = {}
+        for a in cycle:
+            heads, base = self.form(self.rules[a], members)
+            for b in cycle[:cycle.index(a)]:  # b's form brings only heads later than b
+                rest = heads.pop(b, None)
+                if rest is None:
+                    continue
+                b_heads, b_base = forms[b]
+                for k, r in b_heads.items():
+                    heads[k] = alt(heads.get(k, NOTHING), seq(r, rest))
+                base = alt(base, seq(b_base, rest))
+            loop = heads.pop(a, None)
+            if loop is not None:
+                star = repeat(loop, 0, None)
+                heads = {k: seq(r, star) for k, r in heads.items()}
+                base = seq(base, star)
+            forms[a] = heads, base
+            self.rules[a] = alt(base, *(seq(ref(k), r) for k, r in heads.items()))
 
-    def split(self, node: Node, a: str) -> tuple[Node, Node]:
-        """``(r, b)`` with ``node = a r | b`` and ``a`` not leftmost in ``b`` (where possible)."""
-        if a not in self.left(node):
-            return NOTHING, node
+    def form(self, node: Node, members: frozenset[str]) -> _Form:
+        """``node`` as ``Σ ref(k) heads[k] | base``, no member leftmost in ``base`` (where possible)."""
+        if not self.left(node) & members:
+            return {}, node
         if isinstance(node, ir.Ref):
-            return EMPTY, NOTHING
+            return {node.name: EMPTY}, NOTHING
         if isinstance(node, ir.Alt):
-            parts = [self.split(i, a) for i in node.items]
-            return alt(*(r for r, _ in parts)), alt(*(b for _, b in parts))
+            return _union([self.form(i, members) for i in node.items])
         if isinstance(node, ir.Seq):
             head, rest = node.items[0], seq(*node.items[1:])
-            rh, bh = self.split(head, a)
-            if self.nullable(bh) and a in self.left(rest):
-                rr, br = self.split(rest, a)
-                return alt(seq(rh, rest), rr), alt(seq(self.nonempty(bh), rest), br)
-            return seq(rh, rest), seq(bh, rest)
+            head_heads, head_base = self.form(head, members)
+            heads = {k: seq(r, rest) for k, r in head_heads.items()}
+            if self.nullable(head_base) and self.left(rest) & members:
+                return _union([(heads, seq(self.nonempty(head_base), rest)), self.form(rest, members)])
+            return heads, seq(head_base, rest)
         if isinstance(node, ir.Repeat):
             hi = None if node.max is None else node.max - 1
             first = seq(node.item, repeat(node.item, max(node.min - 1, 0), hi))
-            return self.split(first if node.min else alt(EMPTY, first), a)
-        return NOTHING, node
+            return self.form(first if node.min else alt(EMPTY, first), members)
+        return {}, node
 
     def nonempty(self, node: Node) -> Node:
         """The non-empty strings of ``node``."""

@@ -9,7 +9,9 @@ Anchors at the edges: ``^``/``\\A`` leading and ``$``/``\\Z`` trailing a top-lev
 With ``search=False`` (full match) they are no-ops; with ``search=True`` (``re.search`` / JSON
 Schema ``pattern``) an unanchored side is padded with "any text". Anchors elsewhere in a
 top-level sequence constrain the text before them (``^``: nothing, or a line under ``(?m)``) or
-after them (``$``: the end), by intersection; anchors inside repeats raise ``RegexError``.
+after them (``$``: the end), by intersection; a start anchor after an end anchor or a lookahead
+(``(?m)^a$\n^b$``) needs text that cannot be empty between them (then that text alone decides
+it); anchors inside repeats raise ``RegexError``.
 
 Lookaheads ``(?=X)``/``(?!X)`` are supported where what follows them is a plain suffix of the
 match: in a top-level sequence (groups that are not repeated are opened up, alternatives of
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from constrain.grammars.errors import RegexError
-from constrain.grammars.ir import EMPTY, Node, alt, complement, intersect, optional, repeat, seq
+from constrain.grammars.ir import EMPTY, Node, alt, complement, intersect, nullable, optional, repeat, seq
 from constrain.grammars.regex_parser import Alternation, Anchor, Ast, Chars, Concat, Group, Look, Quant, parse
 from constrain.grammars.unicode import MAX_CODE_POINT, char_class
 
@@ -80,21 +82,24 @@ class _Builder:
         return alt(*parts)
 
     def sequence(self, items: list[Ast], tail: Node, budget: list[int] | None = None,
-                 head: Node | None = None) -> Node:
-        """``head`` (the text before, None: unknown), ``items``, then ``tail`` (the rest of the
-        text), with lookaheads and anchors among the items enforced."""
+                 head: Node | None = None, after: str = "") -> Node:
+        """``head`` (the text before, None: unknown, since the items come ``after`` an end anchor or a
+        lookahead), ``items``, then ``tail`` (the rest of the text), with lookaheads and anchors
+        among the items enforced."""
         budget = [_MAX_DISTRIBUTED] if budget is None else budget
         items = _open_groups(items)
         done: list[Node] = [] if head is None else [head]
         for k, item in enumerate(items):
             if isinstance(item, Anchor) and item.side == "start":
-                if head is None:
-                    raise RegexError(f"anchor {item.text} inside a lookahead or after one is not supported",
-                                     self.pattern, item.pos)
+                if head is None and nullable(seq(*done)):
+                    raise RegexError(f"anchor {item.text} {after} is supported only where text that cannot be "
+                                     "empty comes between them", self.pattern, item.pos)
+                # With text of its own before it, what came earlier does not matter to the anchor.
                 done = [intersect(seq(*done), self.before_start(item.mode))]
                 continue
             if isinstance(item, (Look, Anchor)):
-                rest = self.sequence(items[k + 1:], tail, budget)
+                what = f"after the end anchor {item.text}" if isinstance(item, Anchor) else "after a lookahead"
+                rest = self.sequence(items[k + 1:], tail, budget, after=what)
                 if isinstance(item, Anchor):  # an end anchor: only what it allows may follow
                     rest = intersect(rest, self.right_pad(item.mode))
                 else:
@@ -106,9 +111,9 @@ class _Builder:
                 if budget[0] < 0:
                     raise RegexError("lookahead or anchor inside alternatives: too many combinations to expand",
                                      self.pattern, _first_look(item.item).pos)
-                after = items[k + 1:]
+                later = items[k + 1:]
                 now = None if head is None else seq(*done)
-                branches = [self.sequence([b, *after], tail, budget, now) for b in item.item.items]
+                branches = [self.sequence([b, *later], tail, budget, now, after) for b in item.item.items]
                 return seq(*([] if head is not None else done), alt(*branches))
             done.append(self.build(item))
         return seq(*done, tail)
@@ -125,7 +130,7 @@ class _Builder:
         for left, middle, right in self.alternatives(look.item, None, None):
             if left is not None:
                 raise RegexError("a start anchor inside a lookahead is not supported", self.pattern, look.pos)
-            parts.append(self.sequence(_items(middle), self.right_pad(right), budget, head=None))
+            parts.append(self.sequence(_items(middle), self.right_pad(right), budget, after="inside a lookahead"))
         return alt(*parts)
 
     def alternatives(self, tree: Ast, left: str | None, right: str | None) -> list[_Branch]:

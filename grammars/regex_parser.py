@@ -32,13 +32,18 @@ from constrain.grammars.regex_classes import (
 )
 from constrain.grammars.unicode import MAX_CODE_POINT, Ranges, negate, normalize
 
-__all__ = ["Chars", "Concat", "Alternation", "Group", "Quant", "Anchor", "Look", "Ast", "parse", "MAX_REPEAT"]
+__all__ = ["Chars", "Concat", "Alternation", "Group", "Quant", "Anchor", "Look", "Ast", "parse", "MAX_REPEAT", "MAX_NESTING"]
 
 Dialect = Literal["python", "ecma"]
 
 #: Largest repetition count accepted (``Repeat`` keeps counts symbolic, but the compiler's
 #: automata still grow with them).
 MAX_REPEAT = 100_000
+
+#: Deepest group nesting accepted. The parser and the IR builder recurse once per level; the bound
+#: keeps a deep pattern a ``RegexError`` (Python's ``re`` itself overflows the stack near 1,000)
+#: while leaving the recursion limit alone.
+MAX_NESTING = 50
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,7 @@ class _Parser:
         self.i = 0
         self.flags = _Flags()
         self.names: set[str] = set()
+        self.depth = 0  # groups open at the current position
 
     # --- helpers -----------------------------------------------------------------------------
     def error(self, message: str, pos: int | None = None) -> RegexError:
@@ -302,22 +308,27 @@ class _Parser:
 
     # --- groups --------------------------------------------------------------------------------
     def group(self, start: int) -> Ast:
+        if self.depth >= MAX_NESTING:
+            raise self.error(f"groups nested more than {MAX_NESTING} deep", start)
         saved = self.flags
-        if self.src.startswith("?=", self.i) or self.src.startswith("?!", self.i):
-            negative = self.src[self.i + 1] == "!"
-            self.i += 2
+        self.depth += 1
+        try:
+            if self.src.startswith("?=", self.i) or self.src.startswith("?!", self.i):
+                negative = self.src[self.i + 1] == "!"
+                self.i += 2
+                inner = self.alternation()
+                if not self.eat(")"):
+                    raise self.error("missing ), unterminated subpattern", start)
+                return Look(inner, negative, start)
+            if self.eat("?"):
+                self.group_extension(start)
             inner = self.alternation()
             if not self.eat(")"):
                 raise self.error("missing ), unterminated subpattern", start)
+            return Group(inner)
+        finally:
+            self.depth -= 1
             self.flags = saved
-            return Look(inner, negative, start)
-        if self.eat("?"):
-            self.group_extension(start)
-        inner = self.alternation()
-        if not self.eat(")"):
-            raise self.error("missing ), unterminated subpattern", start)
-        self.flags = saved
-        return Group(inner)
 
     def group_extension(self, start: int) -> None:
         """Handle what follows ``(?``: non-capturing and named groups, scoped flags; reject the rest."""
