@@ -144,3 +144,49 @@ def test_depth_is_counted_outside_strings_and_up_to_the_limit() -> None:
     cyclic["properties"] = {"self": cyclic}
     with pytest.raises(SchemaError, match="more than 512 levels deep"):
         json_schema_to_grammar(cyclic)
+
+
+# ---------------------------------------------------------------------- defect 7: dialects
+
+DRAFT4 = "http://json-schema.org/draft-04/schema#"
+DRAFT6 = "http://json-schema.org/draft-06/schema#"
+DRAFT7 = "http://json-schema.org/draft-07/schema#"
+DRAFT2019 = "https://json-schema.org/draft/2019-09/schema"
+
+
+def test_draft4_has_no_const() -> None:
+    agree({"$schema": DRAFT4, "type": "integer", "const": 1}, [1, 2, "x"])
+    agree({"$schema": DRAFT4, "anyOf": [{"type": "string"}, {"not": {"const": 1}}]}, ["x", 1, 2])
+    with pytest.raises(SchemaError, match="unsatisfiable"):  # not {} admits nothing
+        json_schema_to_grammar({"$schema": DRAFT4, "not": {"const": 1}})
+    notes = json_schema_to_grammar({"$schema": DRAFT4, "anyOf": [{"type": "string"}, {"not": {"const": 1}}]}).notes
+    assert any(n.startswith("'const' at #/anyOf/1/not is not a draft-04 keyword") for n in notes), notes
+
+
+def test_prefix_items_only_in_2020_12() -> None:
+    values = [[[1]], [1], [], [[1], 1], ["x"]]
+    schema = {"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "array"}}
+    agree({"$schema": DRAFT6, **schema}, values)
+    agree({"$schema": DRAFT2019, **schema}, values)
+    agree(schema, values)
+
+
+def test_exclusive_bounds_per_draft() -> None:
+    values = [4, 5, 6, 4.5, 5.5, 0, 1, 2]
+    agree({"$schema": DRAFT4, "maximum": 5, "exclusiveMaximum": True}, values)
+    agree({"$schema": DRAFT4, "minimum": 1, "exclusiveMinimum": False}, values)
+    agree({"$schema": DRAFT7, "exclusiveMaximum": 5, "exclusiveMinimum": 1}, values)
+    agree({"exclusiveMinimum": 1, "minimum": 1}, values)
+    with pytest.raises(SchemaError, match=r"'exclusiveMinimum' must be a number in 2020-12, got True at #/exclusiveMinimum"):
+        json_schema_to_grammar({"exclusiveMinimum": True})
+    with pytest.raises(SchemaError, match=r"'exclusiveMaximum' must be a boolean .* in draft-04, got 5 at "
+                                          r"#/properties/a/exclusiveMaximum"):
+        json_schema_to_grammar({"$schema": DRAFT4, "properties": {"a": {"maximum": 9, "exclusiveMaximum": 5}}})
+
+
+def test_keywords_of_later_drafts_are_annotations_in_earlier_ones() -> None:
+    agree({"$schema": DRAFT6, "if": {"type": "integer"}, "then": {"minimum": 3}}, [1, 3, "x"])
+    agree({"$schema": DRAFT7, "dependentRequired": {"a": ["b"]}}, [{"a": 1}, {"a": 1, "b": 2}])
+    agree({"dependencies": {"a": ["b"]}}, [{"a": 1}, {"a": 1, "b": 2}])
+    agree({"$schema": DRAFT7, "dependencies": {"a": ["b"]}}, [{"a": 1}, {"a": 1, "b": 2}, {"b": 1}])
+    agree({"$schema": DRAFT4, "type": "array", "contains": {"type": "string"}}, [[], [1], ["x"]])

@@ -33,6 +33,22 @@ _BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 RemoteSchemas = Mapping[str, Any] | Callable[[str], Any] | None
 
+# Dialects by the text their $schema URI contains; anything else reads as 2020-12.
+DIALECTS = ("draft-03", "draft-04", "draft-06", "draft-07", "2019-09", "2020-12")
+# Keywords this front end reads that a dialect does not define (what jsonschema's validator for
+# that draft ignores). ``additionalItems`` stays in 2020-12 next to the array form of ``items``.
+_SINCE_2019 = {"dependentRequired", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems",
+               "minContains", "maxContains"}
+_SINCE_2020 = {"prefixItems", "$dynamicRef"}
+_FOREIGN_KEYWORDS = {
+    "draft-03": frozenset({"const", "contains", "propertyNames", "if", "then", "else"} | _SINCE_2019 | _SINCE_2020),
+    "draft-04": frozenset({"const", "contains", "propertyNames", "if", "then", "else"} | _SINCE_2019 | _SINCE_2020),
+    "draft-06": frozenset({"if", "then", "else"} | _SINCE_2019 | _SINCE_2020),
+    "draft-07": frozenset(_SINCE_2019 | _SINCE_2020),
+    "2019-09": frozenset({"dependencies"} | _SINCE_2020),
+    "2020-12": frozenset({"dependencies"}),
+}
+
 # Keywords whose value is a schema / a list of schemas / a map of name -> schema.
 SCHEMA_KEYWORDS = frozenset({
     "additionalProperties", "additionalItems", "items", "contains", "not", "if", "then", "else",
@@ -136,10 +152,13 @@ class Document:
         self.remotes: dict[str, Any] = {}
         meta = root.get("$schema", "") if isinstance(root, dict) else ""
         meta = meta if isinstance(meta, str) else ""
-        self.draft3 = "draft-03" in meta
-        self.draft4 = "draft-04" in meta or self.draft3
+        self.dialect = next((d for d in DIALECTS if d in meta), "2020-12")
+        self.draft3 = self.dialect == "draft-03"
+        self.draft4 = self.dialect in ("draft-03", "draft-04")
         # $ref siblings are ignored up to draft-07.
-        self.ref_overrides = any(f"draft-0{n}" in meta for n in (3, 4, 6, 7))
+        self.ref_overrides = self.dialect.startswith("draft-")
+        self._foreign = _FOREIGN_KEYWORDS[self.dialect]
+        self._own_keywords: dict[int, tuple[dict, dict]] = {}
         self.resources: dict[str, Sub] = {}
         self._negations: dict[tuple[int, str], Sub] = {}
         self.anchors: dict[tuple[str, str], Sub] = {}
@@ -186,6 +205,20 @@ class Document:
             pointer += "/" + escape_pointer(str(t))
         base = _own_base(node, sub.base, self.draft4) if isinstance(node, dict) else sub.base
         return Sub(node, base, pointer)
+
+    def keywords(self, schema: Any) -> Any:
+        """``schema`` without the keywords its dialect does not have (annotations there, as
+        validators of that draft treat them: draft-04's ``const``, draft-07's ``prefixItems``...)."""
+        if not isinstance(schema, dict) or not self._foreign & schema.keys():
+            return schema
+        got = self._own_keywords.get(id(schema))
+        if got is None or got[0] is not schema:
+            got = self._own_keywords[id(schema)] = (schema, {k: v for k, v in schema.items() if k not in self._foreign})
+        return got[1]
+
+    def foreign_keywords(self, schema: dict) -> list[str]:
+        """The keywords of ``schema`` that its dialect does not have."""
+        return [k for k in schema if k in self._foreign]
 
     def negation(self, sub: Sub) -> Sub:
         """The subschema ``not sub``, one object per ``sub``.

@@ -19,7 +19,17 @@ from constrain.grammars.errors import SchemaError
 from constrain.grammars.json_schema.document import Document, Sub
 from constrain.grammars.json_schema.literals import dedupe_values, hashable, json_equal
 from constrain.grammars.json_schema.numbers import Bound, to_decimal
-from constrain.grammars.json_schema.shapes import ALL_TYPES, ArrayPart, Contains, ObjectPart, Shape, Witness, meet_types
+from constrain.grammars.json_schema.shapes import (
+    ALL_TYPES,
+    ArrayPart,
+    Contains,
+    ObjectPart,
+    Shape,
+    Witness,
+    meet_types,
+    tighter_hi,
+    tighter_lo,
+)
 
 __all__ = ["Normalizer", "CannotNegate"]
 
@@ -101,6 +111,10 @@ class Normalizer:
         if not isinstance(s, dict):
             raise SchemaError(f"a schema must be an object or a boolean, not {type(s).__name__}", sub.pointer)
         doc = self.doc
+        for kw in doc.foreign_keywords(s):
+            self.note(f"'{kw}' at {sub.pointer} is not a {doc.dialect} keyword: ignored, as validators of "
+                      "that draft do (declare another $schema to enforce it)")
+        s = doc.keywords(s)
         for kw in UNSUPPORTED:
             if kw in s:
                 raise SchemaError(f"'{kw}' is not supported", sub.pointer + "/" + kw, kw)
@@ -209,11 +223,11 @@ class Normalizer:
             allowed: set | None = None
             banned: set = set()
             for sub in subs:
-                got = _constants(sub.schema)
+                got = _constants(self.doc.keywords(sub.schema))
                 if got is not None:
                     allowed = got if allowed is None else allowed & got
                 elif isinstance(sub.schema, dict) and set(sub.schema) == {"not"}:
-                    got = _constants(sub.schema["not"], exact=True)
+                    got = _constants(self.doc.keywords(sub.schema["not"]), exact=True)
                     if got is not None:
                         banned |= got
             if allowed is not None and not allowed - banned:
@@ -225,9 +239,9 @@ class Normalizer:
 
     def local_shape(self, sub: Sub) -> Shape:
         """The assertions of ``sub`` itself, applicators excluded."""
-        s: dict = sub.schema
-        p = sub.pointer
         doc = self.doc
+        s = doc.keywords(sub.schema)
+        p = sub.pointer
         kw: dict[str, Any] = {"pointer": p, "raws": (sub,)}
         if "type" in s:
             t = s["type"]
@@ -247,17 +261,7 @@ class Normalizer:
         if "const" in s:
             kw["enums"] = kw.get("enums", ()) + ((s["const"],),)
         # numbers
-        lo = hi = None
-        if "minimum" in s:
-            lo = Bound(_num(sub, "minimum"), s.get("exclusiveMinimum") is not True)
-        if "maximum" in s:
-            hi = Bound(_num(sub, "maximum"), s.get("exclusiveMaximum") is not True)
-        from constrain.grammars.json_schema.shapes import tighter_hi, tighter_lo
-        if "exclusiveMinimum" in s and not isinstance(s["exclusiveMinimum"], bool):
-            lo = tighter_lo(lo, Bound(_num(sub, "exclusiveMinimum"), False))
-        if "exclusiveMaximum" in s and not isinstance(s["exclusiveMaximum"], bool):
-            hi = tighter_hi(hi, Bound(_num(sub, "exclusiveMaximum"), False))
-        kw["lo"], kw["hi"] = lo, hi
+        kw["lo"], kw["hi"] = self._bounds(sub, s)
         if "multipleOf" in s:
             m = _num(sub, "multipleOf")
             if m <= 0:
@@ -298,6 +302,23 @@ class Normalizer:
             kw["unique"] = (p + "/uniqueItems",)
         return Shape(**kw).check()
 
+    def _bounds(self, sub: Sub, s: dict) -> tuple[Bound | None, Bound | None]:
+        """``minimum``/``maximum`` and their exclusive forms: booleans modifying them up to draft-04,
+        numbers of their own since draft-06; a value of the other kind is a ``SchemaError``."""
+        legacy = self.doc.draft4
+        for name in ("exclusiveMinimum", "exclusiveMaximum"):
+            if name in s and isinstance(s[name], bool) != legacy:
+                want = "a boolean (it modifies 'minimum'/'maximum')" if legacy else "a number"
+                raise SchemaError(f"'{name}' must be {want} in {self.doc.dialect}, got {s[name]!r}",
+                                  sub.pointer + "/" + name, name)
+        lo = Bound(_num(sub, "minimum"), s.get("exclusiveMinimum") is not True) if "minimum" in s else None
+        hi = Bound(_num(sub, "maximum"), s.get("exclusiveMaximum") is not True) if "maximum" in s else None
+        if not legacy and "exclusiveMinimum" in s:
+            lo = tighter_lo(lo, Bound(_num(sub, "exclusiveMinimum"), False))
+        if not legacy and "exclusiveMaximum" in s:
+            hi = tighter_hi(hi, Bound(_num(sub, "exclusiveMaximum"), False))
+        return lo, hi
+
     def _unevaluated(self, sub: Sub, shapes: list[Shape]) -> list[Shape]:
         """``unevaluated*`` as a plain conjunct, per alternative: what its own scope did not evaluate.
 
@@ -305,7 +326,7 @@ class Normalizer:
         that came from this subschema (negations annotate nothing), so the keyword becomes an
         ``additionalProperties`` next to exactly those names (and likewise for items).
         """
-        s = sub.schema
+        s = self.doc.keywords(sub.schema)
         out = []
         for shape in shapes:
             if "unevaluatedProperties" in s:
@@ -330,7 +351,7 @@ class Normalizer:
         return out
 
     def _object_part(self, sub: Sub) -> ObjectPart:
-        s, p, doc = sub.schema, sub.pointer, self.doc
+        s, p, doc = self.doc.keywords(sub.schema), sub.pointer, self.doc
         props: tuple = ()
         if "properties" in s:
             if not isinstance(s["properties"], dict):
@@ -354,7 +375,7 @@ class Normalizer:
         return ObjectPart(props, required, additional, patterns, names)
 
     def _array_part(self, sub: Sub) -> ArrayPart | None:
-        s, doc = sub.schema, self.doc
+        s, doc = self.doc.keywords(sub.schema), self.doc
         prefix: tuple = ()
         items = None
         if "prefixItems" in s:
