@@ -8,15 +8,24 @@ Compile a constraint against a vocabulary, then drive one ``Matcher`` per sequen
     matcher = grammar.matcher()
     bitmask = constrain.allocate_token_bitmask(1, vocab.vocab_size)
     matcher.fill_next_token_bitmask(bitmask, 0)
+
+The ``compile_*`` functions use a default ``GrammarCompiler``; make your own to own the caches
+(``GrammarCompiler(max_cache_bytes=...)``, ``.clear()``, ``.cache_bytes``).
 """
 
+from typing import Any
+
 from constrain.bitmask import allocate_token_bitmask, bitmask_dtype, bitmask_words
+from constrain.budget import BudgetExceededError, CompileBudget
 from constrain.compiler import (
     CompiledGrammar,
+    GrammarCompiler,
     compile_grammar,
     compile_json_schema,
     compile_lark,
     compile_regex,
+    get_default_compiler,
+    set_default_compiler,
 )
 from constrain.grammars.errors import GrammarError, LarkGrammarError, RegexError, SchemaError
 from constrain.matcher import Matcher
@@ -25,7 +34,7 @@ from constrain.vocabulary import Vocabulary
 _ENGINE_NAMES = ("Engine", "ExtractionError", "Request")
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """``from constrain import Engine``: the engine layer, imported only when asked for.
 
     constrain/ itself never depends on engine/ (which needs a model stack); this facade only
@@ -39,8 +48,9 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Vocabulary", "CompiledGrammar", "Matcher",
+    "Vocabulary", "CompiledGrammar", "Matcher", "GrammarCompiler", "CompileBudget",
     "compile_json_schema", "compile_regex", "compile_lark", "compile_grammar",
+    "get_default_compiler", "set_default_compiler",
     "allocate_token_bitmask", "bitmask_dtype", "bitmask_words",
-    "GrammarError", "SchemaError", "RegexError", "LarkGrammarError",
+    "GrammarError", "SchemaError", "RegexError", "LarkGrammarError", "BudgetExceededError",
 ]

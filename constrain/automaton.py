@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.ma
 
-from constrain.derivatives import NOTHING, ExprTable
+from constrain.cache import ByteBudgetCache
+from constrain.derivatives import NOTHING, ExprTable, byte_flags
 from constrain.token_trie import TokenTrie, expand_ranges
 
 DEFAULT_MASK_CACHE = 4096
@@ -38,11 +39,6 @@ def _record(ends: list, depth: int, nodes: np.ndarray | None, parents: np.ndarra
         ends.append((depth, hit + start if nodes is None else nodes[hit], parents[hit]))
 
 
-def _byte_flags(mask: int) -> np.ndarray:
-    """The 256-bit set ``mask`` as booleans per byte."""
-    return np.unpackbits(np.frombuffer(mask.to_bytes(32, "little"), dtype=np.uint8), bitorder="little").astype(bool)
-
-
 @dataclass(frozen=True)
 class HeadWalk:
     """A walk of a head alone: what it decides for every tail.
@@ -58,44 +54,38 @@ class HeadWalk:
     paths: list[bytes]  # per head state: bytes that lead the head to it
 
 
-_tries: dict[object, TokenTrie] = {}
-# Head walks of rule-free heads, shared by every grammar compiled for the same vocabulary.
-_shared_heads: OrderedDict[tuple, object] = OrderedDict()
-_tries_lock = threading.Lock()
-
-
-def trie_for(vocab) -> TokenTrie:
-    """The token trie of ``vocab``, built once per vocabulary and process."""
-    key = getattr(vocab, "fingerprint", None) or id(vocab)
-    with _tries_lock:
-        trie = _tries.get(key)
-        if trie is None:
-            trie = _tries[key] = TokenTrie(vocab.token_bytes)
-        return trie
-
-
 class TokenAutomaton:
-    """Masks and transitions over a vocabulary for one grammar; safe to share between threads."""
+    """Masks and transitions over a vocabulary for one grammar; safe to share between threads.
 
-    def __init__(self, table: ExprTable, vocab, *, mask_cache_size: int = DEFAULT_MASK_CACHE) -> None:
+    ``shared`` is the compiler context's cache: the vocabulary's trie and the head walks of
+    rule-free heads, shared by every grammar the context compiles for the same vocabulary.
+    """
+
+    def __init__(self, table: ExprTable, vocab, shared: ByteBudgetCache, *,
+                 mask_cache_size: int = DEFAULT_MASK_CACHE) -> None:
         self.table = table
         self.vocab = vocab
-        self.trie = trie_for(vocab)
-        self._vocab_key = getattr(vocab, "fingerprint", None) or id(vocab)
+        self._vocab_key = vocab.fingerprint
+        self.shared = shared
+        self.trie: TokenTrie = shared.get_or_make(("trie", self._vocab_key), lambda: TokenTrie(vocab.token_bytes))
         table.clamp_limit = max(self.trie.depth, 1)
         self.token_bytes = vocab.token_bytes
         self.eos_token_ids = tuple(vocab.eos_token_ids)
         self.n_words = (vocab.vocab_size + 31) // 32
         self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
         self._max_next: dict[int, float] = {}
-        self._heads: OrderedDict[tuple, object] = OrderedDict()  # head walks and their crossings per first bytes
-        self._head_states: OrderedDict[tuple, list[int]] = OrderedDict()  # per head: its states at paths
+        self._heads = ByteBudgetCache(max_entries=mask_cache_size)  # head walks and their crossings per first bytes
+        self._head_states = ByteBudgetCache(max_entries=mask_cache_size)  # per head: its states at paths
         self._mask_cache_size = mask_cache_size
         self._lock = threading.RLock()
 
     @property
     def initial_state(self) -> int:
         return self.table.start
+
+    def estimated_bytes(self) -> int:
+        """A rough estimate of this grammar's memory: its table and its cached masks."""
+        return self.table.estimated_bytes() + len(self._masks) * self.n_words * 4
 
     def is_accepting(self, state: int) -> bool:
         """Whether the document may end here (a stop token is allowed)."""
@@ -124,7 +114,7 @@ class TokenAutomaton:
         got = self._masks.get(state)
         if got is not None:
             return got
-        with self._lock:
+        with self._lock, self.table.work():  # a new state's mask is bounded by the compile budget
             key = self.table.clamp(state)  # same mask, shared by states differing in counts only
             got = self._masks.get(key)
             if got is None:
@@ -179,29 +169,19 @@ class TokenAutomaton:
         if table.is_byte_set(head):  # a literal's next byte: the plain walk is already tiny
             return None
         sig = table.signature(head)
-        heads = self._heads if sig is None else _shared_heads
-        key = (head,) if sig is None else (self._vocab_key, sig)
-        walked = self._cached(heads, key, lambda: self._walk_head(head))
+        if sig is None:
+            heads, key = self._heads, (head,)
+        else:  # the signature table is part of the key: its ids mean nothing to another table
+            heads, key = self.shared, ("head", self._vocab_key, table.signatures, sig)
+        walked = heads.get_or_make(key, lambda: self._walk_head(head))
         first = table.first_bytes(tail)
-        crossings = self._cached(heads, (*key, first), lambda: self._crossings(walked, first))
+        crossings = heads.get_or_make((*key, first), lambda: self._crossings(walked, first))
         # The head's states at the crossing nodes' parents, in this grammar's table (a shared walk
         # may come from another grammar).
-        starts = self._cached(self._head_states, key,
-                              lambda: [table.derive_bytes(head, path) for path in walked.paths])
+        starts = self._head_states.get_or_make(key, lambda: [table.derive_bytes(head, path) for path in walked.paths])
         parents = np.array([table.seq(h, tail) for h in starts], dtype=np.int32)
         crossing = self._walk({d: (nodes, parents[group]) for d, (nodes, group) in crossings.items()})[0]
         return walked.inside | self._pack(crossing, self.is_accepting(state))
-
-    def _cached(self, cache: OrderedDict, key: tuple, make):
-        """``cache[key]``, made by ``make()`` on a miss; the cache keeps the newest entries."""
-        got = cache.get(key)
-        if got is None:
-            got = make()
-            with _tries_lock:
-                cache[key] = got
-                while len(cache) > self._mask_cache_size:
-                    cache.popitem(last=False)
-        return got
 
     def _walk_head(self, head: int) -> HeadWalk:
         """Walk ``head`` alone, recording the children of the nodes where it may end."""
@@ -223,7 +203,7 @@ class TokenAutomaton:
         crossing node the real walk covers everything, so crossing nodes under it are left out.
         """
         trie = self.trie
-        pick = np.nonzero(_byte_flags(first)[trie.byte[walked.node]])[0]
+        pick = np.nonzero(byte_flags(first)[trie.byte[walked.node]])[0]
         nodes = walked.node[pick]
         order = np.lexsort((-trie.rank_end[nodes], trie.rank_start[nodes]))
         pick, start, end = pick[order], trie.rank_start[nodes[order]], trie.rank_end[nodes[order]]
@@ -264,7 +244,7 @@ class TokenAutomaton:
         idx = np.zeros(0, np.int64)  # live nodes of this level (sparse) ...
         st = np.zeros(0, np.int32)  # ... and their states; dense: the state of every node (0: dead)
         dense = False
-        with table.lock:
+        with table.work():
             while depth < len(levels):
                 level = levels[depth]
                 if depth in seeds:

@@ -6,7 +6,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+from constrain.arguments import check_index
 
 bitmask_dtype = torch.int32
 
@@ -19,3 +22,31 @@ def bitmask_words(vocab_size: int) -> int:
 def allocate_token_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
     """A CPU bitmask of ``batch`` rows with every token allowed (-1 = all bits set)."""
     return torch.full((batch, bitmask_words(vocab_size)), -1, dtype=bitmask_dtype)
+
+
+def bitmask_row(bitmask: torch.Tensor | np.ndarray, index: int, n_words: int) -> torch.Tensor | np.ndarray:
+    """Row ``index`` of ``bitmask`` to write ``n_words`` words into, after checking the layout.
+
+    CPU tensors come back as numpy views (a third of torch's per-call overhead); a narrower row
+    would lose the last tokens (the EOS word, often), so it is an error, not a silent cut.
+    """
+    if isinstance(bitmask, torch.Tensor):
+        if bitmask.dtype != bitmask_dtype:
+            raise TypeError(f"bitmask must have dtype torch.int32 (see allocate_token_bitmask), got {bitmask.dtype}")
+        shape = tuple(bitmask.shape)
+    elif isinstance(bitmask, np.ndarray):
+        if bitmask.dtype != np.int32:
+            raise TypeError(f"bitmask must have dtype int32 (see allocate_token_bitmask), got numpy {bitmask.dtype}")
+        shape = bitmask.shape
+    else:
+        raise TypeError(f"bitmask must be an int32 torch.Tensor or numpy array, got {type(bitmask).__name__}")
+    if len(shape) != 2:
+        raise ValueError(f"bitmask must be 2-D (batch, words), got shape {shape}")
+    if shape[1] < n_words:
+        raise ValueError(f"bitmask rows have {shape[1]} words but the vocabulary needs {n_words} "
+                         f"(allocate_token_bitmask(batch, vocab.vocab_size) sizes them)")
+    if type(index) is not int or not 0 <= index < shape[0]:
+        index = check_index(index, "fill_next_token_bitmask(index)", shape[0], "the rows of the bitmask")
+    if isinstance(bitmask, np.ndarray):
+        return bitmask[index]
+    return bitmask.numpy()[index] if bitmask.device.type == "cpu" else bitmask[index]

@@ -99,12 +99,16 @@ class ByteBudgetCache:
         return value
 
     def put(self, key: Hashable, value: object) -> None:
-        """Insert ``value`` as the most recent entry, then evict down to the limits."""
+        """Insert ``value`` as the most recent entry, then evict down to the limits. A value
+        larger than ``max_bytes`` alone is not kept (and evicts nothing)."""
         size = nbytes_of(value)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._nbytes -= old[1]
+                self._growing.discard(key)
+            if self.max_bytes is not None and size > self.max_bytes:
+                return
             self._entries[key] = (value, size)
             self._nbytes += size
             if isinstance(value, Growing):

@@ -5,9 +5,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from constrain.arguments import check_index, check_instance, check_int
 from constrain.automaton import TokenAutomaton
+from constrain.bitmask import bitmask_row
 
-_TERMINATED = -2
+# The state after a stop token (no grammar state has a negative id).
+TERMINATED = -2
 
 
 class Matcher:
@@ -29,16 +32,24 @@ class Matcher:
         return self._history[-1]
 
     def accept_token(self, token_id: int) -> bool:
-        """Advance by ``token_id``; False (and no change) when the constraint forbids it."""
+        """Advance by ``token_id``; False (and no change) when the constraint forbids it.
+
+        An id outside the vocabulary (``[0, vocab_size)``) is a ValueError, not a refusal.
+        """
+        automaton = self._automaton
+        size = automaton.vocab.vocab_size
+        if type(token_id) is not int or not 0 <= token_id < size:
+            token_id = check_index(token_id, "Matcher.accept_token(token_id)", size,
+                                   f"the token ids of {automaton.vocab.name}")
         s = self._history[-1]
-        if s == _TERMINATED:
+        if s == TERMINATED:
             return False
-        if token_id in self._automaton.eos_token_ids:
-            if not self._automaton.is_accepting(s):
+        if token_id in automaton.eos_token_ids:
+            if not automaton.is_accepting(s):
                 return False
-            self._history.append(_TERMINATED)
+            self._history.append(TERMINATED)
             return True
-        nxt = self._automaton.next_state(s, token_id)
+        nxt = automaton.next_state(s, token_id)
         if nxt < 0:
             return False
         self._history.append(nxt)
@@ -46,8 +57,9 @@ class Matcher:
 
     def accept_bytes(self, data: bytes) -> bool:
         """Advance by raw bytes (forced text); False (and no change) if they leave the language."""
+        check_instance(data, "Matcher.accept_bytes(data)", (bytes, bytearray, memoryview), "bytes")
         s = self._history[-1]
-        if s == _TERMINATED:
+        if s == TERMINATED:
             return False
         table = self._automaton.table
         for b in data:
@@ -57,30 +69,34 @@ class Matcher:
         self._history.append(s)
         return True
 
-    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0, *, tokens_left: int | None = None) -> None:
-        """Write the allowed next tokens into row ``index`` of an int32 bitmask.
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor | np.ndarray, index: int = 0, *,
+                                tokens_left: int | None = None) -> None:
+        """Write the allowed next tokens into row ``index`` of an int32 bitmask (a torch tensor
+        on any device, or a numpy array) of shape ``(batch, >= ceil(vocab_size/32))``.
 
         ``tokens_left`` (the budget-aware close): at most that many more tokens, the stop token
         included, may follow. Near the limit only tokens that keep a complete document within
         reach are allowed, so generation ends valid instead of being cut. It counts one byte per
         token for the rest, which byte-level vocabularies (all 256 single-byte tokens) guarantee.
         """
-        s = self._history[-1]
         automaton = self._automaton
-        if s == _TERMINATED:
+        row = bitmask_row(bitmask, index, automaton.n_words)
+        if tokens_left is not None and (type(tokens_left) is not int or tokens_left < 0):
+            if check_int(tokens_left, "Matcher.fill_next_token_bitmask(tokens_left)") < 0:
+                raise ValueError(f"Matcher.fill_next_token_bitmask(tokens_left)={tokens_left} must be >= 0")
+        s = self._history[-1]
+        if s == TERMINATED:
             words = automaton.terminated_mask()
         elif tokens_left is not None and automaton.max_next_completion(s) > tokens_left - 2:
             words = automaton.budget_mask(s, tokens_left - 2)
         else:
             words = automaton.mask(s)
-        n = min(len(words), bitmask.shape[-1])
-        if bitmask.device.type == "cpu":  # through numpy: a third of torch's per-call overhead
-            row = bitmask.numpy()[index]
-            row[:n] = words[:n]
+        n = len(words)
+        if isinstance(row, np.ndarray):
+            row[:n] = words
             row[n:] = 0
         else:
-            row = bitmask[index]
-            row[:n].copy_(torch.from_numpy(words[:n]))
+            row[:n].copy_(torch.from_numpy(words))
             row[n:].zero_()
 
     def allowed_token_ids(self) -> np.ndarray:
@@ -93,21 +109,22 @@ class Matcher:
     def min_completion_bytes(self) -> float:
         """Bytes in the shortest completion of the document so far (0 when it may end here)."""
         s = self._history[-1]
-        return 0 if s == _TERMINATED else self._automaton.table.min_completion(s)
+        return 0 if s == TERMINATED else self._automaton.table.min_completion(s)
 
     def is_accepting(self) -> bool:
         """Whether the text so far is a complete document (a stop token would be accepted)."""
         s = self._history[-1]
-        return s == _TERMINATED or self._automaton.is_accepting(s)
+        return s == TERMINATED or self._automaton.is_accepting(s)
 
     def is_terminated(self) -> bool:
         """Whether a stop token has been accepted."""
-        return self._history[-1] == _TERMINATED
+        return self._history[-1] == TERMINATED
 
     def rollback(self, num_tokens: int = 1) -> None:
         """Undo the last ``num_tokens`` accepted tokens (or byte strings)."""
+        num_tokens = check_int(num_tokens, "Matcher.rollback(num_tokens)")
         if num_tokens < 0 or num_tokens >= len(self._history):
-            raise ValueError(f"cannot roll back {num_tokens} tokens: only {len(self._history) - 1} accepted")
+            raise ValueError(f"Matcher.rollback(num_tokens): cannot roll back {num_tokens} tokens: only {len(self._history) - 1} accepted")
         if num_tokens:
             del self._history[-num_tokens:]
 
@@ -124,7 +141,7 @@ class Matcher:
     def find_jump_forward_bytes(self) -> bytes:
         """Bytes the constraint forces next (empty when there is a choice or the document may end)."""
         s = self._history[-1]
-        return b"" if s == _TERMINATED else self._automaton.forced_bytes(s)
+        return b"" if s == TERMINATED else self._automaton.forced_bytes(s)
 
     def find_jump_forward_string(self) -> str:
         """The forced bytes decoded as UTF-8 (a trailing partial character is left out)."""

@@ -21,8 +21,6 @@ if TYPE_CHECKING:
     import sentencepiece
     import tiktoken
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 # Qwen2.5's added tokens (HF tokenizer_config): the first 14 are special, the rest are plain text.
 _QWEN25_SPECIAL = (
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",

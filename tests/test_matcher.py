@@ -252,15 +252,14 @@ def test_counted_repetitions_share_masks_and_stay_exact() -> None:
 
 def test_rule_free_heads_are_shared_across_grammars() -> None:
     """The string body walked for one schema serves every other schema of the vocabulary."""
-    from constrain import automaton as automaton_module
-
     vocab = gpt2()
-    first = constrain.compile_grammar(ir.Grammar.of(ir.seq(ir.literal('{"a":'), JSON_STRING, ir.literal("}"))), vocab)
+    compiler = constrain.GrammarCompiler()
+    first = compiler.compile_grammar(ir.Grammar.of(ir.seq(ir.literal('{"a":'), JSON_STRING, ir.literal("}"))), vocab)
     m = first.matcher()
     m.accept_bytes(b'{"a":"')
     m.allowed_token_ids()
-    shared = len(automaton_module._shared_heads)
-    second = constrain.compile_grammar(
+    shared = compiler.cache_entries
+    second = compiler.compile_grammar(
         ir.Grammar.of(ir.seq(ir.literal('["x",'), JSON_STRING, ir.literal(',1]'))), vocab
     )
     m2 = second.matcher()
@@ -268,7 +267,7 @@ def test_rule_free_heads_are_shared_across_grammars() -> None:
     tokens, _ = second._automaton.transitions(m2.state)
     full = second._automaton._pack(tokens, False)
     assert np.array_equal(second.state_mask(m2.state), full)
-    assert len(automaton_module._shared_heads) == shared  # reused, not recomputed
+    assert compiler.cache_entries == shared  # reused, not recomputed
 
 
 def test_union_masks_of_unordered_members_equal_full_walks() -> None:

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import constrain
-from constrain.automaton import trie_for
 from constrain.derivatives import NOTHING
 from constrain.grammars import ir
 from constrain.token_trie import TokenTrie
@@ -53,7 +52,7 @@ def test_layout_of_small_vocabularies(token_bytes) -> None:
 
 def test_layout_of_a_real_vocabulary() -> None:
     vocab = tekken()
-    trie = trie_for(vocab)
+    trie = TokenTrie(vocab.token_bytes)
     rng = np.random.default_rng(0)
     deep = [level.start for level in trie.levels[-5:]]
     check_nodes(trie, vocab.token_bytes, [*rng.choice(len(trie.byte), 300, replace=False).tolist(), *deep])

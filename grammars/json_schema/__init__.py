@@ -55,8 +55,16 @@ def json_schema_to_grammar(
     is fetched from the network; a reference to a URI the registry does not know is a
     ``SchemaError`` naming the URI.
     """
-    if property_order not in ("any", "declared"):
-        raise ValueError(f"property_order must be 'any' or 'declared', not {property_order!r}")
+    for name, value, allowed in (("whitespace", whitespace, ("compact", "flexible")),
+                                 ("format_mode", format_mode, ("enforce", "annotation")),
+                                 ("unknown_format", unknown_format, ("error", "ignore")),
+                                 ("property_order", property_order, ("any", "declared"))):
+        if value not in allowed:
+            raise ValueError(f"json_schema_to_grammar({name}) must be one of {allowed}, not {value!r}")
+    depth = 0 if max_recursion_depth is None else max_recursion_depth  # None: unbounded
+    for name, number in (("max_whitespace", max_whitespace), ("max_recursion_depth", depth)):
+        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+            raise ValueError(f"json_schema_to_grammar({name}) must be a non-negative int, not {number!r}")
     if indent is not None and whitespace != "compact":
         raise SchemaError("indent (pretty printing) and whitespace='flexible' exclude each other", "")
     options = Options(whitespace, max_whitespace, indent, strict_properties, lenient, max_recursion_depth,

@@ -1,0 +1,158 @@
+"""The compiler context: cache hits, eviction under a byte budget, clear(), contexts apart."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import constrain
+from constrain.cache import ByteBudgetCache
+from constrain.grammars import ir
+from constrain.tokenizers import gpt2
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}}}
+
+
+def walk_masks(compiled: constrain.CompiledGrammar, text: bytes) -> list[np.ndarray]:
+    """The masks along ``text`` fed byte by byte (every prefix's state)."""
+    m = compiled.matcher()
+    masks = [compiled.state_mask(m.state)]
+    for b in text:
+        assert m.accept_bytes(bytes([b]))
+        masks.append(compiled.state_mask(m.state))
+    return masks
+
+
+def test_same_constraint_is_a_cache_hit(byte_vocab) -> None:
+    compiler = constrain.GrammarCompiler()
+    first = compiler.compile_json_schema(SCHEMA, byte_vocab)
+    entries = compiler.cache_entries
+    assert compiler.compile_json_schema(SCHEMA, byte_vocab) is first
+    assert compiler.compile_regex("a+", byte_vocab) is compiler.compile_regex("a+", byte_vocab)
+    assert compiler.cache_entries == entries + 1  # the regex only
+
+
+def test_options_and_budget_are_part_of_the_key(byte_vocab) -> None:
+    compiler = constrain.GrammarCompiler()
+    plain = compiler.compile_json_schema(SCHEMA, byte_vocab)
+    assert compiler.compile_json_schema(SCHEMA, byte_vocab, strict_properties=True) is not plain
+    budget = constrain.CompileBudget(seconds=5.0)
+    other = compiler.compile_json_schema(SCHEMA, byte_vocab, budget=budget)
+    assert other is not plain and other.budget == budget
+    assert plain.budget == compiler.budget == constrain.CompileBudget()
+
+
+def test_budget_reaches_the_automaton(byte_vocab) -> None:
+    with pytest.raises(constrain.BudgetExceededError, match="max_states"):
+        constrain.GrammarCompiler().compile_regex(
+            "(a|b)*c{0,40}d", byte_vocab, budget=constrain.CompileBudget(max_states=8))
+    strict = constrain.GrammarCompiler(budget=constrain.CompileBudget(max_states=8))
+    with pytest.raises(constrain.BudgetExceededError, match="max_states"):
+        strict.compile_regex("(a|b)*c{0,40}d", byte_vocab)
+
+
+def test_least_recently_used_grammar_goes_first_under_a_small_budget(byte_vocab) -> None:
+    probe = constrain.GrammarCompiler()
+    probe.compile_regex("x", byte_vocab)
+    one = probe.cache_bytes  # the trie, the signature table and one grammar
+    compiler = constrain.GrammarCompiler(max_cache_bytes=int(one * 2.5))  # room for about two grammars
+    a = compiler.compile_regex("a+", byte_vocab)
+    b = compiler.compile_regex("b+", byte_vocab)
+    assert compiler.compile_regex("a+", byte_vocab) is a  # a is now the most recent
+    compiler.compile_regex("c+", byte_vocab)
+    assert compiler.cache_bytes <= compiler.max_cache_bytes
+    assert compiler.compile_regex("a+", byte_vocab) is a
+    assert compiler.compile_regex("b+", byte_vocab) is not b  # evicted, compiled again
+
+
+def test_a_grammar_larger_than_the_budget_is_returned_but_not_kept(byte_vocab) -> None:
+    compiler = constrain.GrammarCompiler(max_cache_bytes=1000)
+    first = compiler.compile_regex("a+", byte_vocab)
+    assert first.matcher().accept_bytes(b"aa")
+    assert compiler.compile_regex("a+", byte_vocab) is not first
+    assert compiler.cache_bytes <= 1000
+
+
+def test_clear_empties_the_context_and_grammars_keep_working(byte_vocab) -> None:
+    compiler = constrain.GrammarCompiler()
+    old = compiler.compile_json_schema(SCHEMA, byte_vocab)
+    assert compiler.cache_bytes > 0
+    compiler.clear()
+    assert compiler.cache_bytes == 0 and compiler.cache_entries == 0
+    assert compiler.compile_json_schema(SCHEMA, byte_vocab) is not old
+    m = old.matcher()
+    assert m.accept_bytes(b'{"name":"x","n":3}') and m.accept_token(256) and m.is_terminated()
+
+
+def test_growth_of_a_cached_grammar_counts_against_the_budget(byte_vocab) -> None:
+    compiler = constrain.GrammarCompiler()
+    compiled = compiler.compile_json_schema(SCHEMA, byte_vocab)
+    before = compiler.cache_bytes
+    walk_masks(compiled, b'{"name":"' + b"x" * 3000 + b'"}')  # new states, rows and masks
+    assert compiler.cache_bytes > before
+
+
+def test_two_contexts_share_nothing() -> None:
+    """Walks made in one context are not seen by the other; clearing one leaves the other whole."""
+    vocab = gpt2()
+    one, two = constrain.GrammarCompiler(), constrain.GrammarCompiler()
+    a = one.compile_json_schema(SCHEMA, vocab)
+    walk_masks(a, b'{"name":"ab')
+    entries = one.cache_entries
+    b = two.compile_json_schema(SCHEMA, vocab)
+    assert b is not a and b._automaton.trie is not a._automaton.trie
+    assert b._automaton.table.signatures is not a._automaton.table.signatures
+    walk_masks(b, b'{"name":"ab')
+    assert one.cache_entries == entries
+    two.clear()
+    assert one.cache_entries == entries and one.compile_json_schema(SCHEMA, vocab) is a
+
+
+def string_rule(chars: bytes, escaped: bytes) -> ir.Grammar:
+    """``{`` string ``}`` with the string in a rule of its own: its body is a rule-free head whose
+    walk grammars of one context share."""
+    char = ir.alt(ir.byte_set(chars), ir.seq(ir.literal("\\"), ir.byte_set(escaped)))
+    body = ir.seq(ir.literal('"'), ir.repeat(char), ir.literal('"'))
+    return ir.Grammar({"start": ir.seq(ir.literal("{"), ir.ref("s"), ir.literal("}")), "s": body})
+
+
+def test_walks_made_after_clear_never_serve_a_grammar_from_before() -> None:
+    """After ``clear()`` structure ids start again: a grammar from before must not pick up the
+    walk of another structure (same shape, other bytes) that got its ids. Its masks equal those
+    of a fresh twin."""
+    vocab = gpt2()
+    compiler = constrain.GrammarCompiler()
+    old = compiler.compile_grammar(string_rule(b"abcdefgh ", b"n"), vocab)
+    compiler.clear()
+    walk_masks(compiler.compile_grammar(string_rule(b"0123456789", b"t"), vocab), b'{"12')
+    twin = constrain.GrammarCompiler().compile_grammar(string_rule(b"abcdefgh ", b"n"), vocab)
+    for got, want in zip(walk_masks(old, b'{"ab c'), walk_masks(twin, b'{"ab c'), strict=True):
+        assert np.array_equal(got, want)
+
+
+def test_module_functions_use_the_replaceable_default(byte_vocab) -> None:
+    previous = constrain.get_default_compiler()
+    held = previous.cache_entries
+    mine = constrain.GrammarCompiler()
+    constrain.set_default_compiler(mine)
+    try:
+        compiled = constrain.compile_regex("[0-9]+", byte_vocab)
+        assert mine.compile_regex("[0-9]+", byte_vocab) is compiled
+        assert previous.cache_entries == held
+    finally:
+        constrain.set_default_compiler(previous)
+    with pytest.raises(TypeError, match="set_default_compiler"):
+        constrain.set_default_compiler(None)  # type: ignore[arg-type]
+
+
+def test_byte_budget_cache_counts_and_weighs() -> None:
+    cache = ByteBudgetCache(max_bytes=10_000, max_entries=3)
+    for i in range(5):
+        cache.put(i, np.zeros(100, np.int32))
+    assert len(cache) == 3 and 0 not in cache and 4 in cache
+    cache.put("big", np.zeros(4000, np.int32))  # 16 kB alone: over the bytes, not kept, evicts nothing
+    assert "big" not in cache and len(cache) == 3 and cache.nbytes == 3 * 400
+    cache.put("half", np.zeros(1500, np.int32))  # 6 kB: the oldest go until it fits
+    assert "half" in cache and 2 not in cache and cache.nbytes <= 10_000
+    with pytest.raises(ValueError, match="max_bytes"):
+        ByteBudgetCache(max_bytes=-1)
