@@ -1,12 +1,14 @@
 """The ``constrain`` command: ``generate`` under a constraint, or ``compile`` to check one.
 
 Everything the user passes is read and checked before the model loads (files exist, the schema
-is JSON, the constraint compiles), so a typo fails in a second with a clear message and a
-non-zero exit, never after minutes of generation. Output files are written to a temporary file
+is JSON, numbers are in range) and the constraint is compiled before any generation, so a typo
+fails early with a clear message and a non-zero exit, never after minutes of generation. Output files are written to a temporary file
 and renamed into place, so a failure never leaves half an output behind.
 
-Exit codes: 0 success, 2 bad input (usage, files, constraint, model path), 3 some output ran out
-of ``--max-tokens`` while ``--strict`` was given, 1 anything unexpected.
+Exit codes: 0 success, 2 bad input (usage, files, constraint, model path),
+3 some output ran out of ``--max-tokens`` while ``--strict`` was given, 4 some request failed
+alone (``finish_reason`` "error", e.g. a prompt longer than the model's context; every other
+row is still written), 1 anything unexpected (one line; the traceback with -vv).
 """
 
 from __future__ import annotations
@@ -21,52 +23,86 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.parse import urlsplit
 
 logger = logging.getLogger("constrain")
 
 EXIT_BAD_INPUT = 2
 EXIT_TRUNCATED = 3
+EXIT_FAILED = 4
 
 
 class UsageError(Exception):
     """Bad user input: printed as ``constrain: error: ...`` with exit code 2."""
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where there is none to show (None, False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default == argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _add_constraint_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--json-schema", metavar="FILE", help="JSON Schema file the output must validate against")
+    g.add_argument("--json-schema", metavar="FILE|JSON",
+                   help="JSON Schema the output must validate against: a file, or the schema itself as inline JSON")
     g.add_argument("--regex", metavar="PATTERN", help="regular expression the whole output must match")
     g.add_argument("--grammar", metavar="FILE", help="Lark grammar file (or the name of a built-in grammar)")
     g.add_argument("--choice", action="append", metavar="TEXT", help="allowed output (repeat for each choice)")
-    p.add_argument("--property-order", choices=("any", "declared"), default=None,
-                   help="with --json-schema: object members in any order (default) or in the order of 'properties'")
-    p.add_argument("--strict-properties", action="store_true",
-                   help="with --json-schema: no keys beyond the declared ones unless the schema allows them explicitly")
+    js = p.add_argument_group("JSON Schema options (with --json-schema)")
+    js.add_argument("--property-order", choices=("any", "declared"), default=None,
+                    help="object members in the order of 'properties' (the default when generating) or in any order")
+    js.add_argument("--strict-properties", action=argparse.BooleanOptionalAction, default=None,
+                    help="no keys beyond the declared ones unless the schema allows them explicitly "
+                         "(the default when generating; --no-strict-properties for JSON Schema's open objects)")
+    js.add_argument("--full-semantics", action="store_true",
+                    help="full JSON Schema semantics: members in any order, undeclared keys where the schema "
+                         "does not forbid them (what a validator accepts)")
+    js.add_argument("--lenient", action="store_true",
+                    help="drop keywords that cannot be enforced (each one listed as a note) instead of failing")
+    js.add_argument("--oneof-as-anyof", action="store_true",
+                    help="accept any matching oneOf branch where exclusivity cannot be enforced")
+    js.add_argument("--remote-schemas", metavar="DIR",
+                    help="resolve $ref to other documents from the JSON files in DIR (by their $id, "
+                         "else by the URL's path under DIR); nothing is ever fetched")
+    js.add_argument("--format-mode", choices=("enforce", "annotation"), default=None,
+                    help="'format' is enforced (default) or only an annotation")
     p.add_argument("--model", metavar="PATH", help="model folder or .gguf file (default: SmolLM2-135M-Instruct demo)")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="-v: progress info, -vv: debug")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="-v: progress info, -vv: debug and tracebacks")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="constrain", description="Structured-output constrained decoding.")
+    parser = argparse.ArgumentParser(prog="constrain", description="Structured-output constrained decoding.",
+                                     formatter_class=_HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="generate text that satisfies a constraint")
+    gen = sub.add_parser("generate", help="generate text that satisfies a constraint", formatter_class=_HelpFormatter,
+                         description="Generate text that satisfies a constraint (unconstrained without one).")
     _add_constraint_args(gen)
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeatable)")
     src.add_argument("--input", metavar="FILE", help='JSONL of prompts: {"prompt": ...} or a JSON string per line')
     gen.add_argument("--output", metavar="FILE", help="write JSONL results here (default: stdout)")
-    gen.add_argument("--max-tokens", type=int, default=256)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--max-tokens", metavar="N", type=int, default=256, help="most tokens per output, the stop token included")
+    gen.add_argument("--temperature", metavar="T", type=float, default=0.0, help="0 is greedy")
+    gen.add_argument("--top-p", metavar="P", type=float, default=1.0, help="nucleus sampling mass")
+    gen.add_argument("--top-k", metavar="K", type=int, default=0, help="sample among the k likeliest tokens (0: all)")
+    gen.add_argument("--seed", metavar="SEED", type=int, default=None, help="seed of prompt i is SEED + i")
     gen.add_argument("--system", metavar="TEXT", help="system prompt for chat models")
-    gen.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    gen.add_argument("--batch-size", type=int, default=None, help="most sequences decoded at once")
+    gen.add_argument("--device", metavar="DEVICE", default="cpu", help="cpu or cuda[:N]")
+    gen.add_argument("--batch-size", metavar="N", type=int, default=None, help="most sequences decoded at once "
+                                                                    "(default: 16 on CPU, 64 on CUDA)")
     gen.add_argument("--strict", action="store_true", help="exit 3 if any output ran out of --max-tokens")
+    gen.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="progress bars on stderr (default: when stderr is a terminal)")
 
-    comp = sub.add_parser("compile", help="check that a constraint compiles; report notes")
+    comp = sub.add_parser("compile", help="check that a constraint compiles; report notes",
+                          formatter_class=_HelpFormatter,
+                          description="Check that a constraint compiles against a model's vocabulary (no weights "
+                                      "are loaded) and report its first mask and notes.")
     _add_constraint_args(comp)
     return parser
 
@@ -93,18 +129,70 @@ def _grammar_text(arg: str) -> str:
     raise UsageError(f"grammar file not found: {arg}")
 
 
+def _json_schema(arg: str) -> Any:
+    """``--json-schema``: inline JSON when it looks like JSON (``{...}``, ``true``, ``false``), else a file."""
+    inline = arg.lstrip().startswith("{") or arg.strip() in ("true", "false")
+    what = "inline JSON Schema" if inline else arg
+    text = arg if inline else _read_text(arg, "JSON Schema")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{what} is not valid JSON: {exc}") from exc
+
+
+class RemoteSchemaDir:
+    """``--remote-schemas DIR`` as the compiler's ``remote_schemas`` callable: URI -> schema or None.
+
+    A document is found by its ``$id`` (every ``*.json`` under DIR is indexed once), else at the
+    URI's path under DIR (``http://host/a/b.json`` -> ``DIR/a/b.json``).
+    """
+
+    def __init__(self, folder: str) -> None:
+        self.root = Path(folder)
+        if not self.root.is_dir():
+            raise UsageError(f"--remote-schemas folder not found: {folder}")
+        self.by_id: dict[str, Any] = {}
+        for path in sorted(self.root.rglob("*.json")):
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise UsageError(f"--remote-schemas: cannot read {path}: {exc}") from exc
+            if isinstance(doc, dict) and isinstance(doc.get("$id"), str):
+                self.by_id.setdefault(doc["$id"].rstrip("#"), doc)
+
+    def __call__(self, uri: str) -> Any:
+        if uri.rstrip("#") in self.by_id:
+            return self.by_id[uri.rstrip("#")]
+        path = (self.root / urlsplit(uri).path.lstrip("/")).resolve()
+        if path.is_file() and path.is_relative_to(self.root.resolve()):
+            return json.loads(path.read_text(encoding="utf-8"))
+        return None
+
+
+def json_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The JSON Schema compiler options the flags ask for (over the engine's generation defaults)."""
+    options: dict[str, Any] = {}
+    if args.full_semantics:
+        from constrain.engine.constraints import JSON_SCHEMA_SEMANTICS
+
+        options.update(JSON_SCHEMA_SEMANTICS)
+    flags = (("property_order", args.property_order), ("strict_properties", args.strict_properties),
+             ("lenient", args.lenient or None), ("oneof_as_anyof", args.oneof_as_anyof or None),
+             ("format_mode", args.format_mode))
+    options.update({k: v for k, v in flags if v is not None})
+    if args.remote_schemas:
+        options["remote_schemas"] = RemoteSchemaDir(args.remote_schemas)
+    return options
+
+
 def constraint_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The constraint as ``Engine.generate`` keyword arguments (empty: unconstrained)."""
-    options = {k: v for k, v in (("property_order", args.property_order),
-                                 ("strict_properties", args.strict_properties or None)) if v is not None}
+    options = json_options(args)
     if options and not args.json_schema:
-        raise UsageError("--property-order and --strict-properties need --json-schema")
+        raise UsageError("the JSON Schema options (--property-order, --strict-properties, --full-semantics, "
+                         "--lenient, --oneof-as-anyof, --remote-schemas, --format-mode) need --json-schema")
     if args.json_schema:
-        text = _read_text(args.json_schema, "JSON Schema")
-        try:
-            schema = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{args.json_schema} is not valid JSON: {exc}") from exc
+        schema = _json_schema(args.json_schema)
         return {"json_schema": schema, "json_options": options} if options else {"json_schema": schema}
     if args.regex is not None:
         return {"regex": args.regex}
@@ -154,11 +242,14 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 def _compile_or_fail(vocab: Any, kwargs: dict[str, Any]) -> Any:
     from constrain.engine.constraints import Constraint
-    from constrain.grammars.errors import GrammarError
+    from constrain.grammars.errors import GrammarError, SchemaError
 
     try:
         c = Constraint.from_args(**kwargs)
         return None if c is None else c.compile(vocab)
+    except SchemaError as exc:
+        raise UsageError(f"constraint does not compile: {exc}\n(the compiler's options on the command line: "
+                         "--lenient, --oneof-as-anyof, --remote-schemas DIR, --format-mode)") from exc
     except (GrammarError, ValueError, TypeError) as exc:
         raise UsageError(f"constraint does not compile: {exc}") from exc
 
@@ -181,39 +272,48 @@ def _dump_rows(f: TextIO, rows: Sequence[dict[str, Any]]) -> None:
         f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
+def _progress(args: argparse.Namespace, **kwargs: Any) -> Any:
+    """A tqdm bar on stderr, shown on a terminal or with ``--progress`` (never with ``--no-progress``)."""
+    from tqdm import tqdm
+
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    return tqdm(file=sys.stderr, disable=not show, dynamic_ncols=True, **kwargs)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from constrain.engine.model import ModelLoadError
 
     _check_numbers(args)
     kwargs = constraint_kwargs(args)
     items = read_prompts(args.input) if args.input else [{"prompt": p} for p in args.prompt]
+    if any(not it["prompt"] for it in items):
+        raise UsageError("prompts must not be empty")
     from constrain.engine.api import Engine, Request
 
-    try:
-        engine = Engine.from_pretrained(args.model, device=args.device, max_batch=args.batch_size)
-    except ModelLoadError as exc:
-        raise UsageError(str(exc)) from exc
-    _compile_or_fail(engine.vocab, kwargs)
+    with _progress(args, desc="loading model", bar_format="{desc} {elapsed}") as bar:
+        try:
+            engine = Engine.from_pretrained(args.model, device=args.device, max_batch=args.batch_size)
+        except ModelLoadError as exc:
+            raise UsageError(str(exc)) from exc
+        bar.set_description_str("compiling constraint")
+        _compile_or_fail(engine.vocab, kwargs)
     reqs = [
         Request(it["prompt"], max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                 top_k=args.top_k, seed=None if args.seed is None else args.seed + i,
                 system=it.get("system", args.system), **kwargs)
         for i, it in enumerate(items)
     ]
-    from tqdm import tqdm
-
-    bar = tqdm(total=len(reqs), unit="prompt", disable=args.input is None or None, file=sys.stderr)
     t0 = time.perf_counter()
-    try:
+    with _progress(args, total=len(reqs), unit="prompt", desc="generating") as bar:
         results = engine.run(reqs, on_result=lambda i, r: bar.update(1))
-    finally:
-        bar.close()
     elapsed = time.perf_counter() - t0
     rows = []
     for it, res in zip(items, results):
         row = {k: v for k, v in it.items() if k != "prompt"}
         row.update(prompt=it["prompt"], text=res.text, finish_reason=res.finish_reason, valid=res.valid,
                    completion_tokens=len(res.token_ids))
+        if getattr(res, "error", None):
+            row["error"] = res.error
         if "json_schema" in kwargs and res.valid:
             row["json"] = json.loads(res.text)
         rows.append(row)
@@ -223,27 +323,35 @@ def cmd_generate(args: argparse.Namespace) -> int:
         _dump_rows(sys.stdout, rows)
     n_tok = sum(len(r.token_ids) for r in results)
     logger.info("%d prompts, %d tokens in %.1f s (%.1f tok/s)", len(results), n_tok, elapsed, n_tok / max(elapsed, 1e-9))
+    return _report_unfinished(args, items, results)
+
+
+def _report_unfinished(args: argparse.Namespace, items: Sequence[dict[str, Any]], results: Sequence[Any]) -> int:
+    """Warn on stderr about outputs that were cut or failed; the exit code says whether any was."""
+    failed = [(n, r) for n, r in enumerate(results, 1) if r.finish_reason == "error"]
+    for n, res in failed:
+        where = f"{args.input}:{n}" if args.input else f"prompt {n}"
+        print(f"constrain: error: {where}: {getattr(res, 'error', None) or 'generation failed'}", file=sys.stderr)
     cut = sum(1 for r in results if r.finish_reason == "length")
     if cut:
         print(f"constrain: warning: {cut} of {len(results)} outputs hit --max-tokens {args.max_tokens} "
               "before completing (finish_reason \"length\", valid false)", file=sys.stderr)
-        if args.strict:
-            return EXIT_TRUNCATED
-    return 0
+    if failed:
+        return EXIT_FAILED
+    return EXIT_TRUNCATED if cut and args.strict else 0
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from constrain import Vocabulary, allocate_token_bitmask
-    from constrain.engine.model import ModelLoadError, load_tokenizer
+    from constrain import allocate_token_bitmask
+    from constrain.engine.model import ModelLoadError, load_vocabulary
 
     kwargs = constraint_kwargs(args)
     if not kwargs:
         raise UsageError("compile needs one of --json-schema, --regex, --grammar, --choice")
     try:
-        tokenizer, width = load_tokenizer(args.model)
+        vocab = load_vocabulary(args.model)
     except ModelLoadError as exc:
         raise UsageError(str(exc)) from exc
-    vocab = Vocabulary.from_hf(tokenizer, vocab_size=width)
     t0 = time.perf_counter()
     grammar = _compile_or_fail(vocab, kwargs)
     t1 = time.perf_counter()
@@ -265,7 +373,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``constrain`` console script."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG

