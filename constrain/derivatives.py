@@ -24,8 +24,9 @@ from typing import NamedTuple
 import numpy as np
 
 from constrain.budget import DEFAULT_BUDGET, DEFAULT_MAX_STATES, BudgetExceededError, CompileBudget
+from constrain.cache import Signatures
 from constrain.grammars import ir
-from constrain.grammars.analysis import INFINITE, MinLength
+from constrain.grammars.analysis import INFINITE, MAX_NESTING, MinLength, nesting_error, rule_min_lengths
 from constrain.grammars.errors import GrammarError
 
 # Expression kinds.
@@ -72,11 +73,16 @@ class ExprTable:
     Thread-safe: every method that creates expressions takes ``self.lock``.
     """
 
-    def __init__(self, grammar: ir.Grammar, *, budget: CompileBudget = DEFAULT_BUDGET) -> None:
+    def __init__(self, grammar: ir.Grammar, *, budget: CompileBudget = DEFAULT_BUDGET,
+                 signatures: Signatures | None = None) -> None:
         self.lock = threading.RLock()
+        # Structure ids shared with the other grammars of one compiler context (see ``signature``).
+        self.signatures = Signatures() if signatures is None else signatures
+        self._byte_flags: dict[int, np.ndarray] = {}  # byte class -> its bytes as flags (rows fill by class)
         self.budget = budget
         self.max_states = budget.max_states
         self._deadline: float | None = None  # end of the current unit of work (see ``work``)
+        self._level = 0  # current recursion depth of the methods that descend (see ``_descend``)
         self._kind: list[int] = []
         self._args: list[tuple] = []
         self._nullable: list[bool | None] = []
@@ -93,7 +99,8 @@ class ExprTable:
         self._rule_names = list(grammar.rules)
         self._rule_nodes = list(grammar.rules.values())
         self._rule_body: list[int | None] = [None] * len(self._rule_nodes)
-        self._rule_min = grammar.min_lengths
+        # Lower bounds while the exact lengths are computed (these search intersections).
+        self._rule_min: dict[str, float] = grammar.min_lengths
         self._unordered: list[_Unordered] = []
         self._unordered_body: dict[int, int] = {}
         self._first: dict[int, int] = {}
@@ -118,7 +125,14 @@ class ExprTable:
         if grammar.start not in self._rule_ids:
             raise GrammarError(f"grammar has no start rule {grammar.start!r}")
         with self.work():
+            self._rule_min = rule_min_lengths(grammar.rules, self._exact_min)
             self.start = self._convert(ir.Ref(grammar.start))
+
+    def _exact_min(self, node: ir.Node) -> float:
+        """Shortest match of an intersection or complement, by searching derivatives:
+        an unsatisfiable one (``pattern`` against ``minLength``) makes its rule unproductive, so
+        no walk is ever offered the way into it."""
+        return self.min_completion(self._convert(node))
 
     @contextmanager
     def work(self) -> Iterator[None]:
@@ -134,6 +148,14 @@ class ExprTable:
                 yield
             finally:
                 self._deadline = None
+
+    def _descend(self) -> None:
+        """Enter one more level of recursion; the caller leaves it with ``self._level -= 1`` in a
+        ``finally``. Raises before the interpreter's own limit would."""
+        self._level += 1
+        if self._level > MAX_NESTING:  # sequences and unions of any length count as one level
+            self._level -= 1
+            raise nesting_error()
 
     def estimated_bytes(self) -> int:
         """A rough estimate of this table's memory: expressions, their caches and the rows."""
@@ -185,8 +207,14 @@ class ExprTable:
         if b == EMPTY:
             return a
         if self._kind[a] == K_SEQ:  # keep sequences right-nested: (x y) z -> x (y z)
-            x, y = self._args[a]
-            return self._mk_seq(x, self._mk_seq(y, b))
+            heads = []
+            while self._kind[a] == K_SEQ:
+                x, a = self._args[a]
+                heads.append(x)
+            b = self._mk_seq(a, b)
+            for x in reversed(heads):  # heads of a right-nested spine are no sequences
+                b = self._mk_seq(x, b)
+            return b
         na, nb = self._nullable[a], self._nullable[b]
         nullable = None if na is None or nb is None else (na and nb)
         return self._flag(self._new(K_SEQ, (a, b), nullable, self._boolean[a] or self._boolean[b]), (a, b))
@@ -282,6 +310,16 @@ class ExprTable:
         """``(head, tail)`` when ``e`` is a sequence, else None."""
         return self._args[e] if self._kind[e] == K_SEQ else None
 
+    def spine(self, e: int) -> list[int]:
+        """The parts of a sequence, in order (its heads, then the last tail): sequences are
+        right-nested, so questions about one iterate over this instead of recursing per part."""
+        parts = []
+        while self._kind[e] == K_SEQ:
+            head, e = self._args[e]
+            parts.append(head)
+        parts.append(e)
+        return parts
+
     def seq(self, a: int, b: int) -> int:
         with self.lock:
             return self._mk_seq(a, b)
@@ -305,7 +343,9 @@ class ExprTable:
         with self.lock:
             k, a = self._kind[e], self._args[e]
             if k == K_SEQ:
-                out = self._mk_seq(self.clamp(a[0]), self.clamp(a[1]))
+                out = EMPTY
+                for m in reversed(self.spine(e)):
+                    out = self._mk_seq(self.clamp(m), out)
             elif k == K_ALT:
                 out = self._mk_alt([self.clamp(m) for m in a[0]])
             elif k == K_FRAME:
@@ -319,7 +359,8 @@ class ExprTable:
             return out
 
     def signature(self, e: int) -> int | None:
-        """A process-wide id of ``e``'s structure, equal across grammars; None if it uses rules.
+        """An id of ``e``'s structure, equal across the grammars sharing ``self.signatures``;
+        None if it uses rules.
 
         Lets grammars share work on identical pieces (every JSON string body, number, key set
         of every schema compiled for one vocabulary), as DESIGN.md asks of common terminals.
@@ -334,12 +375,18 @@ class ExprTable:
             out = self.signature(a[0])  # frames are transparent
         elif k in (K_ALT, K_AND):
             members = [self.signature(m) for m in a[0]]
-            out = None if None in members else _global_sig((k, tuple(sorted(members))))
-        elif k in (K_SEQ, K_NOT, K_REPEAT):
-            child = [self.signature(c) for c in (a[:2] if k == K_SEQ else a[:1])]
-            out = None if None in child else _global_sig((k, *child, *a[len(child):]))
+            out = None if None in members else self.signatures.intern((k, tuple(sorted(members))))
+        elif k == K_SEQ:  # folded from the right along the spine, as if by recursion
+            parts = [self.signature(m) for m in self.spine(e)]
+            out = parts.pop()
+            while parts and out is not None:
+                head = parts.pop()
+                out = None if head is None else self.signatures.intern((k, head, out))
+        elif k in (K_NOT, K_REPEAT):
+            child = self.signature(a[0])
+            out = None if child is None else self.signatures.intern((k, child, *a[1:]))
         else:
-            out = _global_sig((k, *a))
+            out = self.signatures.intern((k, *a))
         self._sigs[e] = out
         return out
 
@@ -372,12 +419,17 @@ class ExprTable:
             if e in self._first_busy:  # only left recursion cycles here; stay a superset
                 return ALL_BYTES
             self._first_busy.add(e)
+            self._descend()
             try:
                 k, a = self._kind[e], self._args[e]
                 if k == K_BYTES:
                     out = a[0]
                 elif k == K_SEQ:
-                    out = self.first_bytes(a[0]) | (self.first_bytes(a[1]) if self.nullable(a[0]) else 0)
+                    out = 0
+                    for m in self.spine(e):
+                        out |= self.first_bytes(m)
+                        if not self.nullable(m):
+                            break
                 elif k == K_ALT:
                     out = 0
                     for m in a[0]:
@@ -397,6 +449,7 @@ class ExprTable:
                 else:  # complement
                     out = ALL_BYTES
             finally:
+                self._level -= 1
                 self._first_busy.discard(e)
             self._first[e] = out
             return out
@@ -433,9 +486,15 @@ class ExprTable:
         k = self._kind[e]
         if k in (K_NOTHING, K_EMPTY, K_FRAME, K_BYTES):
             return e
-        if k == K_SEQ and self._kind[self._args[e][0]] == K_FRAME:  # a frame at the head: flatten
-            head, tail = self._args[e]
-            return self._mk_seq(head, self._mk_frame(tail))
+        if k == K_SEQ and self._kind[self._args[e][0]] == K_FRAME:  # frames at the head: flatten
+            frames = []
+            while self._kind[e] == K_SEQ and self._kind[self._args[e][0]] == K_FRAME:
+                head, e = self._args[e]
+                frames.append(head)
+            out = self._mk_frame(e)
+            for head in reversed(frames):
+                out = self._mk_seq(head, out)
+            return out
         return self._flag(self._new(K_FRAME, (e,), self._nullable[e], self._boolean[e]), (e,))
 
     def _mk_ref(self, rule: int) -> int:
@@ -488,38 +547,42 @@ class ExprTable:
     # ------------------------------------------------------------------ IR conversion
 
     def _convert(self, node: ir.Node) -> int:
-        """Intern an IR tree. Iterative over ``Seq``/``Alt`` children to survive deep inputs."""
+        """Intern an IR tree (one level of recursion per level of nesting)."""
         done = self._converted.get(id(node))
         if done is not None:
             return done
-        if isinstance(node, ir.Bytes):
-            out = self._mk_bytes(node.mask)
-        elif isinstance(node, ir.Seq):
-            out = EMPTY
-            for item in reversed(node.items):
-                out = self._mk_seq(self._convert(item), out)
-        elif isinstance(node, ir.Alt):
-            out = self._mk_alt([self._convert(i) for i in node.items])
-        elif isinstance(node, ir.And):
-            out = self._mk_and([self._convert(i) for i in node.items])
-        elif isinstance(node, ir.Not):
-            out = self._mk_not(self._convert(node.item))
-        elif isinstance(node, ir.Repeat):
-            out = self._mk_repeat(self._convert(node.item), node.min, node.max)
-        elif isinstance(node, ir.Unordered):
-            parts = (node.extra, node.first, node.sep, node.last)
-            size = MinLength(self._rule_min)
-            self._unordered.append(_Unordered(
-                tuple(self._convert(i) for i in node.items), node.required_mask(), *[self._convert(p) for p in parts],
-                node.min, node.max, [size(i) for i in node.items], tuple(size(p) for p in parts)))
-            out = self._mk_unordered(len(self._unordered) - 1, 0, 0)
-        elif isinstance(node, ir.Ref):
-            rule = self._rule_ids.get(node.name)
-            if rule is None:
-                raise GrammarError(f"reference to undefined rule {node.name!r}")
-            out = self._mk_ref(rule) if self._rule_min.get(node.name, INFINITE) < INFINITE else NOTHING
-        else:
-            raise TypeError(f"not an IR node: {node!r}")
+        self._descend()
+        try:
+            if isinstance(node, ir.Bytes):
+                out = self._mk_bytes(node.mask)
+            elif isinstance(node, ir.Seq):
+                out = EMPTY
+                for item in reversed(node.items):
+                    out = self._mk_seq(self._convert(item), out)
+            elif isinstance(node, ir.Alt):
+                out = self._mk_alt([self._convert(i) for i in node.items])
+            elif isinstance(node, ir.And):
+                out = self._mk_and([self._convert(i) for i in node.items])
+            elif isinstance(node, ir.Not):
+                out = self._mk_not(self._convert(node.item))
+            elif isinstance(node, ir.Repeat):
+                out = self._mk_repeat(self._convert(node.item), node.min, node.max)
+            elif isinstance(node, ir.Unordered):
+                parts = (node.extra, node.first, node.sep, node.last)
+                size = MinLength(self._rule_min, self._exact_min)
+                self._unordered.append(_Unordered(
+                    tuple(self._convert(i) for i in node.items), node.required_mask(), *[self._convert(p) for p in parts],
+                    node.min, node.max, [size(i) for i in node.items], tuple(size(p) for p in parts)))
+                out = self._mk_unordered(len(self._unordered) - 1, 0, 0)
+            elif isinstance(node, ir.Ref):
+                rule = self._rule_ids.get(node.name)
+                if rule is None:
+                    raise GrammarError(f"reference to undefined rule {node.name!r}")
+                out = self._mk_ref(rule) if self._rule_min.get(node.name, INFINITE) < INFINITE else NOTHING
+            else:
+                raise TypeError(f"not an IR node: {node!r}")
+        finally:
+            self._level -= 1
         self._converted[id(node)] = out
         return out
 
@@ -540,6 +603,7 @@ class ExprTable:
             if e in self._expanding:  # a cycle through rules: this path adds no empty match
                 return False
             self._expanding.add(e)
+            self._descend()
             try:
                 k, a = self._kind[e], self._args[e]
                 if k == K_REF:
@@ -550,7 +614,11 @@ class ExprTable:
                 elif k == K_FRAME:
                     n = self.nullable(a[0])
                 elif k == K_SEQ:
-                    n = self.nullable(a[0]) and self.nullable(a[1])
+                    n = True
+                    for m in self.spine(e):
+                        if not self.nullable(m):
+                            n = False
+                            break
                 elif k == K_ALT:
                     n = any([self.nullable(m) for m in a[0]])
                 elif k == K_AND:
@@ -562,6 +630,7 @@ class ExprTable:
                 else:
                     n = k == K_EMPTY
             finally:
+                self._level -= 1
                 self._expanding.discard(e)
             self._nullable[e] = n
             return n
@@ -580,16 +649,20 @@ class ExprTable:
         out = self._deriv.get(key)
         if out is not None:
             return out
-        if self._kind[e] in (K_REF, K_UNORDERED):  # every cycle of derivatives passes through one
-            if key in self._deriving:
-                raise GrammarError("left-recursive grammar: a rule can reach itself without consuming input")
-            self._deriving.add(key)
-            try:
+        self._descend()
+        try:
+            if self._kind[e] in (K_REF, K_UNORDERED):  # every cycle of derivatives passes through one
+                if key in self._deriving:
+                    raise GrammarError("left-recursive grammar: a rule can reach itself without consuming input")
+                self._deriving.add(key)
+                try:
+                    out = self._derive(e, b)
+                finally:
+                    self._deriving.discard(key)
+            else:
                 out = self._derive(e, b)
-            finally:
-                self._deriving.discard(key)
-        else:
-            out = self._derive(e, b)
+        finally:
+            self._level -= 1
         self._deriv[key] = out
         return out
 
@@ -597,12 +670,19 @@ class ExprTable:
         k, a = self._kind[e], self._args[e]
         if k == K_BYTES:
             return EMPTY if (a[0] >> b) & 1 else NOTHING
-        if k == K_SEQ:
-            head, tail = a
-            out = self._mk_seq(self._d(head, b), tail)
-            if self.nullable(head):
-                out = self._mk_alt([out, self._d(tail, b)])
-            return out
+        if k == K_SEQ:  # along the spine while the heads may be empty
+            parts = []
+            while self._kind[e] == K_SEQ:
+                head, e = self._args[e]
+                parts.append(self._mk_seq(self._d(head, b), e))
+                if not self.nullable(head):
+                    return self._mk_alt(parts)
+                done = self._deriv.get(e * 256 + b)
+                if done is not None:
+                    parts.append(done)
+                    return self._mk_alt(parts)
+            parts.append(self._d(e, b))
+            return self._mk_alt(parts)
         if k == K_ALT:
             return self._mk_alt([self._d(m, b) for m in a[0]])
         if k == K_AND:
@@ -636,14 +716,17 @@ class ExprTable:
             if e in self._expanding:
                 return (ALL_BYTES,)
             self._expanding.add(e)
+            self._descend()
             try:
                 k, a = self._kind[e], self._args[e]
                 if k == K_BYTES:
                     parts: tuple[int, ...] = tuple(p for p in (a[0], ALL_BYTES ^ a[0]) if p)
-                elif k == K_SEQ:
-                    parts = self.byte_classes(a[0])
-                    if self.nullable(a[0]):
-                        parts = _refine(parts, self.byte_classes(a[1]))
+                elif k == K_SEQ:  # the heads that may be empty and the one after them
+                    parts = (ALL_BYTES,)
+                    for m in self.spine(e):
+                        parts = _refine(parts, self.byte_classes(m))
+                        if not self.nullable(m):
+                            break
                 elif k in (K_ALT, K_AND):
                     parts = (ALL_BYTES,)
                     for m in a[0]:
@@ -657,6 +740,7 @@ class ExprTable:
                 else:
                     parts = (ALL_BYTES,)
             finally:
+                self._level -= 1
                 self._expanding.discard(e)
             self._classes[e] = parts
             return parts
@@ -667,33 +751,38 @@ class ExprTable:
         if got is not None:
             return got
         with self.lock:
-            k, a = self._kind[e], self._args[e]
-            if k in (K_AND, K_NOT):  # exact by search; everything around them by structure
-                out = self._search_min(e)
-            elif k == K_BYTES:
-                out = 1
-            elif k == K_EMPTY:
-                out = 0
-            elif k == K_SEQ:
-                out = self.min_completion(a[0]) + self.min_completion(a[1])
-            elif k == K_ALT:
-                out = min([self.min_completion(m) for m in a[0]])
-            elif k == K_REPEAT:
-                out = 0 if a[1] == 0 else a[1] * self.min_completion(a[0])
-            elif k == K_REF:
-                out = self._rule_min.get(self._rule_names[a[0]], INFINITE)
-            elif k == K_UNORDERED:
-                out = self._unordered_min(*a)
-            elif k == K_FRAME:
-                out = self.min_completion(a[0])
-            else:
-                out = INFINITE
+            self._descend()
+            try:
+                k, a = self._kind[e], self._args[e]
+                if k in (K_AND, K_NOT):  # exact by search; everything around them by structure
+                    out = self._search_min(e)
+                elif k == K_BYTES:
+                    out = 1
+                elif k == K_EMPTY:
+                    out = 0
+                elif k == K_SEQ:
+                    out = sum([self.min_completion(m) for m in self.spine(e)])
+                elif k == K_ALT:
+                    out = min([self.min_completion(m) for m in a[0]])
+                elif k == K_REPEAT:
+                    out = 0 if a[1] == 0 else a[1] * self.min_completion(a[0])
+                elif k == K_REF:
+                    out = self._rule_min.get(self._rule_names[a[0]], INFINITE)
+                elif k == K_UNORDERED:
+                    out = self._unordered_min(*a)
+                elif k == K_FRAME:
+                    out = self.min_completion(a[0])
+                else:
+                    out = INFINITE
+            finally:
+                self._level -= 1
             self._min[e] = out
             return out
 
     def _search_min(self, e: int) -> float:
         """Breadth-first search for the nearest accepting derivative (intersections, complements);
-        INFINITE when there is none or the search gave up (the budget close then avoids it)."""
+        INFINITE when there is none; when the search gives up, the depth it reached (a lower
+        bound: no shorter string is accepted)."""
         frontier, seen, depth = [e], {e}, 0
         while frontier and len(seen) < LIVENESS_BUDGET:
             nxt = []
@@ -706,7 +795,7 @@ class ExprTable:
                         seen.add(n)
                         nxt.append(n)
             frontier, depth = nxt, depth + 1
-        return INFINITE
+        return depth if frontier else INFINITE
 
     def is_live(self, e: int) -> bool:
         """Whether some byte string leads from ``e`` to acceptance.
@@ -723,17 +812,25 @@ class ExprTable:
         if got is not None:
             return got
         with self.lock:
-            k, a = self._kind[e], self._args[e]
-            if k == K_SEQ:
-                live = self.is_live(a[0]) and self.is_live(a[1])
-            elif k == K_ALT:
-                live = any([self.is_live(m) for m in a[0]])
-            elif k == K_REPEAT:
-                live = a[1] == 0 or self.is_live(a[0])
-            elif k == K_FRAME:
-                live = self.is_live(a[0])
-            else:
-                live = self._search_live(e)
+            self._descend()
+            try:
+                k, a = self._kind[e], self._args[e]
+                if k == K_SEQ:
+                    live = True
+                    for m in self.spine(e):
+                        if not self.is_live(m):
+                            live = False
+                            break
+                elif k == K_ALT:
+                    live = any([self.is_live(m) for m in a[0]])
+                elif k == K_REPEAT:
+                    live = a[1] == 0 or self.is_live(a[0])
+                elif k == K_FRAME:
+                    live = self.is_live(a[0])
+                else:
+                    live = self._search_live(e)
+            finally:
+                self._level -= 1
             self._live[e] = live
             return live
 
@@ -793,7 +890,10 @@ class ExprTable:
         for part in self.byte_classes(s):
             n = self.derive(s, (part & -part).bit_length() - 1)
             if n != NOTHING and self.is_live(n):
-                out[_bits(part)] = n
+                flags = self._byte_flags.get(part)
+                if flags is None:
+                    flags = self._byte_flags[part] = byte_flags(part)
+                out[flags] = n
         self._grow(max(s, len(self._kind)) + 1)
         self.rows[s] = out
         self.row_nullable[s] = self.nullable(s)
@@ -816,28 +916,11 @@ class ExprTable:
 
 
 _UNSEEN = object()
-_SIGNATURES: dict[tuple, int] = {}
-_SIGNATURES_LOCK = threading.Lock()
 
 
-def _global_sig(key: tuple) -> int:
-    with _SIGNATURES_LOCK:
-        got = _SIGNATURES.get(key)
-        if got is None:
-            got = _SIGNATURES[key] = len(_SIGNATURES)
-        return got
-
-
-_BITS_CACHE: dict[int, np.ndarray] = {}
-
-
-def _bits(mask: int) -> np.ndarray:
-    got = _BITS_CACHE.get(mask)
-    if got is None:
-        got = np.array([b for b in range(256) if (mask >> b) & 1], dtype=np.int32)
-        if len(_BITS_CACHE) < 65536:
-            _BITS_CACHE[mask] = got
-    return got
+def byte_flags(mask: int) -> np.ndarray:
+    """The 256-bit byte set ``mask`` as booleans per byte."""
+    return np.unpackbits(np.frombuffer(mask.to_bytes(32, "little"), dtype=np.uint8), bitorder="little").astype(bool)
 
 
 def _refine(p: tuple[int, ...], q: tuple[int, ...]) -> tuple[int, ...]:

@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from constrain.grammars import ir
+from constrain.grammars.errors import GrammarError
 from constrain.grammars.ir import Node, alt, repeat, seq
 
-__all__ = ["children", "refs", "reachable_rules", "RefMapper", "cyclic_components", "rule_min_lengths", "MinLength", "INFINITE"]
+__all__ = ["children", "refs", "reachable_rules", "RefMapper", "cyclic_components", "rule_min_lengths", "MinLength", "INFINITE",
+           "MAX_NESTING", "MAX_REPEAT", "nesting_error"]
 
 
 def children(node: Node) -> tuple[Node, ...]:
@@ -83,7 +85,12 @@ class RefMapper:
 
 
 def cyclic_components(graph: dict[str, set[str]], order: Iterable[str]) -> list[list[str]]:
-    """Strongly connected components that contain a cycle (iterative Tarjan)."""
+    """Strongly connected components that contain a cycle."""
+    return [c for c in strongly_connected_components(graph, order) if len(c) > 1 or c[0] in graph[c[0]]]
+
+
+def strongly_connected_components(graph: dict[str, set[str]], order: Iterable[str]) -> list[list[str]]:
+    """Strongly connected components (iterative Tarjan), each after every component it reaches."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     on_stack: set[str] = set()
@@ -124,25 +131,47 @@ def cyclic_components(graph: dict[str, set[str]], order: Iterable[str]) -> list[
                     comp.append(w)
                     if w == v:
                         break
-                if len(comp) > 1 or v in graph[v]:
-                    out.append(comp)
+                out.append(comp)
     return out
 
 
 INFINITE = float("inf")
+# How deeply IR nodes (and rules through references) may nest for the recursive analyses here
+# and in the compiler: each level costs a few interpreter frames, and together they must stay
+# well below the default recursion limit (1000), which nothing in constrain changes.
+MAX_NESTING = 150
+
+
+# Each iteration a counted repetition must still make is a state of its own (its count): more
+# required iterations than this cannot be decoded within a server's budget, so the length
+# analysis (run on every rule when a grammar is compiled) refuses them up front rather than
+# meeting them token by token. An upper bound alone costs nothing until used.
+MAX_REPEAT = 100_000
+
+
+def nesting_error() -> GrammarError:
+    """The error for a constraint nested deeper than ``MAX_NESTING``."""
+    return GrammarError(
+        f"constraint nests more than {MAX_NESTING} levels deep (constrain.grammars.analysis.MAX_NESTING): "
+        "flatten its deepest part (nested groups, properties or a chain of rules) or make it a recursive rule")
 
 
 class MinLength:
     """Shortest match length of IR nodes, each rule counted as ``rule_mins[name]``.
 
-    ``And``/``Not`` count as length 0 (a lower bound): the states built from them get an exact
-    search in the compiler instead. Rule-free subtrees cache their length on the node itself.
+    ``exact`` gives the length of an ``And``/``Not`` (the compiler searches its derivatives);
+    without it they count as a lower bound (the longest member for ``And``, 0 for ``Not``).
+    Only exact lengths of rule-free subtrees are cached on the node itself, since they hold in
+    every grammar.
     """
 
-    def __init__(self, rule_mins: Mapping[str, float]) -> None:
+    def __init__(self, rule_mins: Mapping[str, float], exact: Callable[[Node], float] | None = None) -> None:
         self.rule_mins = rule_mins
+        self.exact = exact
         self.memo: dict[int, float] = {}  # by identity (the grammar keeps every node alive)
         self.refs_seen = 0
+        self.bounds_seen = 0  # lower bounds taken for And/Not
+        self.level = 0  # recursion depth, bounded by MAX_NESTING
 
     def rule(self, name: str) -> float:
         return self.rule_mins.get(name, INFINITE)
@@ -153,18 +182,31 @@ class MinLength:
             got = self.memo.get(id(node))
         if got is not None:
             return got
-        refs_before = self.refs_seen
+        if self.level >= MAX_NESTING:
+            raise nesting_error()
+        self.level += 1
+        try:
+            out = self._measure(node)
+        finally:
+            self.level -= 1
+        return out
+
+    def _measure(self, node: Node) -> float:
+        refs_before, bounds_before = self.refs_seen, self.bounds_seen
         if isinstance(node, ir.Bytes):
             out: float = 1 if node.mask else INFINITE
         elif isinstance(node, ir.Seq):
             out = sum([self(i) for i in node.items], 0.0)
         elif isinstance(node, ir.Alt):
             out = min([self(i) for i in node.items], default=INFINITE)
-        elif isinstance(node, ir.And):
-            out = INFINITE if INFINITE in [self(i) for i in node.items] else 0
-        elif isinstance(node, ir.Not):
-            out = 0
+        elif isinstance(node, (ir.And, ir.Not)):
+            out = self._boolean(node)
         elif isinstance(node, ir.Repeat):
+            if node.min > MAX_REPEAT:
+                raise GrammarError(
+                    f"repetition of at least {node.min} iterations: more than {MAX_REPEAT} "
+                    "(constrain.grammars.analysis.MAX_REPEAT) would be decoded one state per iteration; "
+                    "lower its minimum")
             out = 0 if node.min == 0 else node.min * self(node.item)
         elif isinstance(node, ir.Unordered):
             out = ir.unordered_min_length([self(i) for i in node.items], node.required_mask(), self(node.extra),
@@ -174,49 +216,48 @@ class MinLength:
             return self.rule(node.name)  # never cached: it depends on the grammar
         else:
             raise TypeError(f"not an IR node: {node!r}")
-        if self.refs_seen == refs_before:  # rule-free: true in every grammar, cache on the node
-            node.cache_min_length(out)
+        if self.refs_seen == refs_before and self.bounds_seen == bounds_before:
+            node.cache_min_length(out)  # exact and rule-free: true in every grammar
         else:
             self.memo[id(node)] = out
         return out
 
-
-class _RuleFixpoint(MinLength):
-    """One pass of ``rule_min_lengths``: rules are entered, cycles fall back to the last pass."""
-
-    def __init__(self, rules: Mapping[str, Node], known: dict[str, float]) -> None:
-        super().__init__(known)
-        self.rules = rules
-        self.visiting: set[str] = set()
-        self.cycles = False
-
-    def rule(self, name: str) -> float:
-        body = self.rules.get(name)
-        if body is None or name in self.visiting:
-            self.cycles = self.cycles or body is not None
-            return self.rule_mins.get(name, INFINITE)  # undefined: reported when reached
-        self.visiting.add(name)
-        out = min(self(body), self.rule_mins.get(name, INFINITE))
-        self.visiting.discard(name)
-        return out
+    def _boolean(self, node: ir.And | ir.Not) -> float:
+        if self.exact is not None:
+            if refs(node):
+                self.refs_seen += 1  # exact, but only in this grammar
+            return self.exact(node)
+        self.bounds_seen += 1
+        if isinstance(node, ir.Not):
+            return 0
+        return max([self(i) for i in node.items])
 
 
-def rule_min_lengths(rules: Mapping[str, Node]) -> dict[str, float]:
+def rule_min_lengths(rules: Mapping[str, Node], exact: Callable[[Node], float] | None = None) -> dict[str, float]:
     """Length of the shortest string each rule derives (``INFINITE`` for unproductive rules).
 
     Unproductive rules (``a: "x" a``) are turned into ``NOTHING`` so that no walk can enter a
-    state with no way out; the lengths also drive the budget-aware close.
+    state with no way out; the lengths also drive the budget-aware close. ``exact``: as for
+    ``MinLength``; with it, a rule whose intersection is empty is unproductive too.
+
+    Rules are measured after the rules they use (no recursion through references, so a chain
+    of thousands of rules costs no depth); a cycle is iterated until its lengths settle, which
+    takes at most one pass per rule in it (a shortest derivation repeats no rule on a path).
     """
+    graph = {name: {r for r in refs(body) if r in rules} for name, body in rules.items()}
     known: dict[str, float] = {}
-    while True:
-        size = _RuleFixpoint(rules, known)
-        changed = False
-        for name, body in rules.items():
-            size.visiting.add(name)
-            n = size(body)
-            size.visiting.discard(name)
-            if n < known.get(name, INFINITE):
-                known[name] = n
-                changed = True
-        if not changed or not size.cycles:  # without cycles one pass is already exact
-            return known
+    size = MinLength(known, exact)
+    for comp in strongly_connected_components(graph, rules):
+        if len(comp) == 1 and comp[0] not in graph[comp[0]]:
+            known[comp[0]] = size(rules[comp[0]])
+            continue
+        changed = True
+        while changed:
+            changed = False
+            size.memo.clear()  # lengths inside the cycle are still falling
+            for name in comp:
+                n = size(rules[name])
+                if n < known.get(name, INFINITE):
+                    known[name] = n
+                    changed = True
+    return {name: n for name, n in known.items() if n < INFINITE}
