@@ -212,6 +212,10 @@ class Engine:
         """
         single = isinstance(prompts, str)
         items = [prompts] if single else list(prompts)
+        for i, p in enumerate(items):
+            if not isinstance(p, str):
+                what = "a Request: pass Request objects to Engine.run" if isinstance(p, Request) else type(p).__name__
+                raise TypeError(f"generate() takes a prompt string or a list of them; prompts[{i}] is {what}")
         reqs = [Request(p, json_schema, regex, grammar, choices, max_tokens, temperature, top_p, top_k,
                         None if seed is None else seed + i, system, json_options=json_options)
                 for i, p in enumerate(items)]

@@ -142,3 +142,8 @@ def test_json_generation_defaults_are_strict_unless_the_schema_is_open() -> None
     assert _accepts(opened, '{"b":1,"a":2,"z":3}')
     full = Constraint.from_args(json_schema=schema, json_options=JSON_SCHEMA_SEMANTICS).compile(vocab)
     assert _accepts(full, '{"a":2,"b":1}') and _accepts(full, '{"b":1,"a":2,"z":3}')
+
+
+def test_generate_with_requests_points_to_run() -> None:
+    with pytest.raises(TypeError, match=r"prompts\[0\] is a Request: pass Request objects to Engine.run"):
+        engine().generate([Request("Hi", max_tokens=2)])
