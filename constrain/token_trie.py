@@ -8,14 +8,34 @@ them without a Python loop per token.
 Nodes are numbered level by level (all of depth 0, then depth 1, ...), in byte order within a
 level, so the children of a node, the tokens ending at a node and the tokens below a node are
 each one contiguous range.
+
+Where the C++ core is built, the trie also carries its packed depth-first twin
+(``constrain._core.PackedTrie``), whose walk is one flat loop in native code.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
+
+try:
+    from constrain import _core
+except ImportError:  # a source tree without the built extension: the numpy walk serves alone
+    _core = None  # type: ignore[assignment]
+
+
+class RowSource(Protocol):
+    """A byte transition table filled on demand (``constrain.derivatives.ExprTable``)."""
+
+    rows: np.ndarray      # int32[n, 256]: the state after each byte, 0 when dead
+    row_done: np.ndarray  # bool[n]: whether the row is filled
+    lock: threading.RLock
+
+    def ensure_rows(self, states: Sequence[int]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -34,7 +54,7 @@ class TokenTrie:
         """Trie of the ids of ``token_bytes`` that have bytes."""
         self.levels: list[TrieLevel] = []
         ids = [i for i in range(len(token_bytes)) if token_bytes[i]]
-        ids.sort(key=lambda i: token_bytes[i])
+        ids.sort(key=lambda i: token_bytes[i] or b"")
         self.size = len(ids)  # tokens in the trie
         empty = np.zeros(0, np.int64)
         # Per node (numbered as in the module docstring):
@@ -46,6 +66,12 @@ class TokenTrie:
         self.rank_start = self.rank_end = empty
         self.end_tokens = np.zeros(0, np.int32)
         self.end_node = empty
+        self.packed: _core.PackedTrie | None = None  # where the core is built and every token fits
+        if _core is not None:
+            try:
+                self.packed = _core.PackedTrie(token_bytes)
+            except ValueError:  # a token over 255 bytes: the numpy walk covers this vocabulary
+                pass
         if ids:
             lengths = np.fromiter((len(t or b"") for t in token_bytes), dtype=np.int64, count=len(token_bytes))
             data = np.frombuffer(b"".join(t or b"" for t in token_bytes), dtype=np.uint8)
@@ -54,6 +80,21 @@ class TokenTrie:
     @property
     def depth(self) -> int:
         return len(self.levels)
+
+    def native_transitions(self, table: RowSource, state: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Every token allowed from ``state`` and the state it leads to, walked by the C++ core
+        (in byte order), or None where the core is not built. Rows are filled as the walk meets them.
+        """
+        if self.packed is None:
+            return None
+
+        def fill(missing: int) -> tuple[np.ndarray, np.ndarray]:
+            table.ensure_rows((missing,))
+            return table.rows, table.row_done
+
+        with table.lock:  # rows are filled and the table grown under it
+            tokens, nexts = self.packed.walk(state, table.rows, table.row_done, fill)
+        return tokens, nexts
 
     def prefix(self, node: int) -> bytes:
         """The bytes that lead from the root to ``node``."""

@@ -8,7 +8,7 @@ root="$(pwd)"
 tree="$(mktemp -d)"
 trap 'rm -rf "$tree"' EXIT
 mkdir "$tree/constrain"
-for f in "$root"/constrain/*.py; do ln -s "$f" "$tree/constrain/"; done
+for f in "$root"/constrain/*.py "$root"/constrain/*.pyi; do ln -s "$f" "$tree/constrain/"; done
 ln -s "$root/constrain/testing" "$tree/constrain/testing"
 for sub in grammars engine kernels; do ln -s "$root/$sub" "$tree/constrain/$sub"; done
 cd "$tree"

@@ -1,0 +1,19 @@
+"""Types of constrain._core, the C++ hot path (cpp/core.cpp)."""
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+class PackedTrie:
+    """Byte trie of a vocabulary, one 8-byte node per trie node in depth-first order."""
+
+    def __init__(self, token_bytes: Sequence[bytes | None]) -> None: ...
+    @property
+    def node_count(self) -> int: ...
+    @property
+    def token_count(self) -> int: ...
+    @property
+    def max_depth(self) -> int: ...
+    def nodes(self) -> np.ndarray: ...
+    def walk(self, start: int, rows: np.ndarray, done: np.ndarray,
+             fill: Callable[[int], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]: ...

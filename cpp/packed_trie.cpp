@@ -1,0 +1,77 @@
+#include "packed_trie.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+namespace constrain {
+
+namespace {
+
+uint32_t pack_token(uint32_t token, uint8_t byte) { return token << 8 | byte; }
+
+}  // namespace
+
+PackedTrie::PackedTrie(const std::vector<std::string_view>& token_bytes)
+    : n_ids_(static_cast<uint32_t>(token_bytes.size())) {
+    std::vector<uint32_t> ids;
+    for (uint32_t i = 0; i < n_ids_; ++i) {
+        if (token_bytes[i].size() > MAX_DEPTH)
+            throw std::length_error("PackedTrie: token " + std::to_string(i) + " has " +
+                                    std::to_string(token_bytes[i].size()) + " bytes, more than the " +
+                                    std::to_string(MAX_DEPTH) + " a packed node's depth holds");
+        if (!token_bytes[i].empty()) ids.push_back(i);
+    }
+    if (token_bytes.size() + ids.size() >= NO_TOKEN)
+        throw std::length_error("PackedTrie: " + std::to_string(token_bytes.size()) +
+                                " token ids do not fit the 24 bits of a packed node");
+    std::stable_sort(ids.begin(), ids.end(),
+                     [&](uint32_t a, uint32_t b) { return token_bytes[a] < token_bytes[b]; });
+    n_tokens_ = ids.size();
+    group_start_.push_back(0);
+    // In byte order, each token adds the nodes of its path below its longest common prefix with
+    // the token before it: that is depth-first order. open[d] is the path's node at depth d.
+    nodes_.push_back({pack_token(NO_TOKEN, 0), 0});
+    std::vector<uint32_t> open{0};
+    auto close_below = [&](size_t depth) {
+        while (open.size() > depth + 1) {
+            const uint32_t node = open.back();
+            nodes_[node].size_depth |= static_cast<uint32_t>(nodes_.size() - node) << 8;
+            open.pop_back();
+        }
+    };
+    std::string_view prev;
+    for (uint32_t id : ids) {
+        const std::string_view bytes = token_bytes[id];
+        if (bytes == prev) {  // a duplicate: the node's tokens become a group
+            TrieNode& end = nodes_.back();
+            if (end.token() < n_ids_) {
+                group_tokens_.push_back(static_cast<int32_t>(end.token()));
+                end.token_byte = pack_token(n_ids_ + static_cast<uint32_t>(group_start_.size()) - 1, end.byte());
+                group_start_.push_back(0);
+            }
+            group_tokens_.push_back(static_cast<int32_t>(id));
+            group_start_.back() = static_cast<uint32_t>(group_tokens_.size());
+            continue;
+        }
+        const auto lcp = static_cast<size_t>(
+            std::mismatch(bytes.begin(), bytes.begin() + std::min(bytes.size(), prev.size()), prev.begin()).first -
+            bytes.begin());
+        close_below(lcp);
+        for (size_t d = lcp; d < bytes.size(); ++d) {
+            open.push_back(static_cast<uint32_t>(nodes_.size()));
+            nodes_.push_back({pack_token(NO_TOKEN, static_cast<uint8_t>(bytes[d])), static_cast<uint32_t>(d + 1)});
+        }
+        nodes_.back().token_byte = pack_token(id, nodes_.back().byte());
+        max_depth_ = std::max(max_depth_, static_cast<uint32_t>(bytes.size()));
+        prev = bytes;
+        if (nodes_.size() > MAX_NODES)
+            throw std::length_error("PackedTrie: more than " + std::to_string(MAX_NODES) +
+                                    " nodes, the 24 bits of a packed subtree size");
+    }
+    close_below(0);
+    nodes_[0].size_depth = static_cast<uint32_t>(nodes_.size()) << 8;
+}
+
+}  // namespace constrain

@@ -1,0 +1,130 @@
+// The vocabulary as a packed byte trie: one 8-byte node per trie node, in depth-first order.
+//
+// Depth-first order puts a node's whole subtree right after it, so a walk is one flat loop over
+// the node array that either steps into a node (its byte is allowed) or jumps over its subtree
+// (the subtree size is in the node). A node also stores its depth, so the state a node is entered
+// from is read off a per-depth stack: no explicit pops. The layout follows llguidance's toktrie.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace constrain {
+
+struct TrieNode {
+    uint32_t token_byte;  // token id (24 bits; NO_TOKEN, or n_ids + group for duplicates) << 8 | byte
+    uint32_t size_depth;  // subtree size including the node (24 bits) << 8 | depth (root: 0)
+
+    uint8_t byte() const { return token_byte & 0xff; }
+    uint32_t token() const { return token_byte >> 8; }
+    uint32_t subtree_size() const { return size_depth >> 8; }
+    uint32_t depth() const { return size_depth & 0xff; }
+};
+
+// Rows of a byte transition table: rows[s * 256 + b] is the state after byte b from state s
+// (0: dead); done[s] says whether row s has been filled. Rows of states >= n_states are missing.
+struct RowTable {
+    const int32_t* rows;
+    const bool* done;
+    size_t n_states;
+
+    bool has_row(int32_t s) const { return static_cast<size_t>(s) < n_states && done[s]; }
+};
+
+// The tokens a walk allows and the state each leads to, in depth-first (byte) order. The buffers
+// are left uninitialised up to the trie's token count (zeroing them would cost more than a sparse
+// walk) and cut to size when the walk allowed few tokens.
+struct WalkResult {
+    std::unique_ptr<int32_t[]> tokens;
+    std::unique_ptr<int32_t[]> states;
+    size_t size = 0;
+
+    explicit WalkResult(size_t capacity) : tokens(new int32_t[capacity]), states(new int32_t[capacity]) {}
+
+    void shrink_to(size_t capacity) {
+        if (size * 2 >= capacity) return;
+        for (auto* buffer : {&tokens, &states}) {
+            std::unique_ptr<int32_t[]> exact(new int32_t[size]);
+            std::memcpy(exact.get(), buffer->get(), size * sizeof(int32_t));
+            *buffer = std::move(exact);
+        }
+    }
+};
+
+class PackedTrie {
+public:
+    static constexpr uint32_t NO_TOKEN = 0xffffff;
+    static constexpr uint32_t MAX_DEPTH = 0xff;
+    static constexpr uint32_t MAX_NODES = 0xffffff;
+
+    // The trie of the ids whose bytes are non-empty; token_bytes[i] empty means "no bytes".
+    // Throws std::length_error when a token is longer than MAX_DEPTH bytes or the trie too large.
+    explicit PackedTrie(const std::vector<std::string_view>& token_bytes);
+
+    size_t node_count() const { return nodes_.size(); }
+    size_t token_count() const { return n_tokens_; }
+    uint32_t max_depth() const { return max_depth_; }
+    const std::vector<TrieNode>& nodes() const { return nodes_; }
+
+    // Every token allowed from `start` through `table`. `fill(state)` is called for a state whose
+    // row is missing, before the walk reads it, and returns the (possibly reallocated) table.
+    // Thread-safe: the trie is immutable, a walk's state is local.
+    template <class Fill>
+    WalkResult walk(int32_t start, RowTable table, Fill&& fill) const;
+
+private:
+    std::vector<TrieNode> nodes_;
+    std::vector<uint32_t> group_start_;  // duplicate group g: group_tokens_[group_start_[g] .. [g+1])
+    std::vector<int32_t> group_tokens_;
+    uint32_t n_ids_ = 0;
+    size_t n_tokens_ = 0;
+    uint32_t max_depth_ = 0;
+};
+
+template <class Fill>
+WalkResult PackedTrie::walk(int32_t start, RowTable table, Fill&& fill) const {
+    WalkResult out(n_tokens_ + 1);  // +1: the slot a node without a token writes to
+    int32_t* tok_out = out.tokens.get();
+    int32_t* st_out = out.states.get();
+    size_t k = 0;
+    int32_t stack[MAX_DEPTH + 1];
+    stack[0] = start;
+    if (!table.has_row(start)) table = fill(start);
+    const TrieNode* nodes = nodes_.data();
+    const uint32_t n_groups = static_cast<uint32_t>(group_start_.size()) - 1;
+    const size_t end = nodes_.size();
+    size_t p = 1;
+    while (p < end) {
+        const TrieNode n = nodes[p];
+        const uint32_t d = n.depth();
+        const int32_t next = table.rows[static_cast<size_t>(stack[d - 1]) * 256 + n.byte()];
+        if (next == 0) {
+            p += n.subtree_size();
+            continue;
+        }
+        const uint32_t tok = n.token();
+        // Written unconditionally, kept only for a real token: one branch less in the hot loop.
+        tok_out[k] = static_cast<int32_t>(tok);
+        st_out[k] = next;
+        k += tok < n_ids_;
+        if (__builtin_expect(tok - n_ids_ < n_groups, 0)) {
+            for (uint32_t i = group_start_[tok - n_ids_]; i < group_start_[tok - n_ids_ + 1]; ++i) {
+                tok_out[k] = group_tokens_[i];
+                st_out[k++] = next;
+            }
+        }
+        if (n.subtree_size() > 1) {
+            stack[d] = next;
+            if (__builtin_expect(!table.has_row(next), 0)) table = fill(next);
+        }
+        ++p;
+    }
+    out.size = k;
+    out.shrink_to(n_tokens_);
+    return out;
+}
+
+}  // namespace constrain

@@ -1,0 +1,194 @@
+"""The C++ trie walk (``constrain._core``) against its Python twin (``TokenAutomaton._walk``) and,
+on small vocabularies, against derivatives taken token by token: transitions and masks identical,
+on random regexes, real schemas and real vocabularies."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import constrain
+from constrain import _core
+from constrain.automaton import TokenAutomaton
+from constrain.token_trie import TokenTrie
+from constrain.tokenizers import llama3, tekken
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
+ALPHABET = b'ab"{}\\\xc3\xa9'
+
+
+def python_walk(automaton: TokenAutomaton, state: int) -> tuple[np.ndarray, np.ndarray]:
+    tokens, nexts, _ = automaton._walk(automaton._root_seeds(state))
+    return tokens, nexts
+
+
+def native_walk(automaton: TokenAutomaton, state: int) -> tuple[np.ndarray, np.ndarray]:
+    got = automaton.trie.native_transitions(automaton.table, state)
+    assert got is not None, "constrain._core is built but the trie has no packed twin"
+    return got
+
+
+def by_token(tokens: np.ndarray, nexts: np.ndarray) -> dict[int, int]:
+    pairs = dict(zip(tokens.tolist(), nexts.tolist()))
+    assert len(pairs) == len(tokens), "a token came back twice"
+    return pairs
+
+
+def check_state(automaton: TokenAutomaton, state: int, per_token: bool = False) -> dict[int, int]:
+    """The two walks (and, with ``per_token``, ``next_state`` for every id) agree on ``state``."""
+    native = native_walk(automaton, state)
+    assert native[0].dtype == np.int32 and native[1].dtype == np.int32
+    expected = by_token(*python_walk(automaton, state))
+    got = by_token(*native)
+    assert got == expected
+    accepting = automaton.is_accepting(state)
+    assert np.array_equal(automaton._pack(native[0], accepting), automaton._pack(python_walk(automaton, state)[0], accepting))
+    if per_token:
+        oracle = {t: automaton.next_state(state, t) for t in range(len(automaton.token_bytes))}
+        assert got == {t: s for t, s in oracle.items() if s > 0}
+    return got
+
+
+def walk_states(automaton: TokenAutomaton, rng: random.Random, steps: int, per_token: bool = False) -> None:
+    """Check the states of a random walk of ``steps`` tokens from the start."""
+    state = automaton.initial_state
+    for _ in range(steps):
+        allowed = check_state(automaton, state, per_token)
+        if not allowed:
+            return
+        state = allowed[rng.choice(sorted(allowed))]
+
+
+def automaton_of(compiled: constrain.CompiledGrammar) -> TokenAutomaton:
+    return compiled._automaton
+
+
+# ---------------------------------------------------------------- the packed layout
+
+def prefixes(token_bytes: list[bytes | None]) -> list[bytes]:
+    return sorted({t[:d] for t in token_bytes if t for d in range(1, len(t) + 1)})
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.binary(min_size=1, max_size=5).map(lambda b: bytes(c % 3 + 97 for c in b))),
+                max_size=40))
+def test_packed_nodes_are_the_depth_first_trie(token_bytes) -> None:
+    """Node i is the i-th prefix in byte order; its depth, subtree size and token say so too."""
+    trie = _core.PackedTrie(token_bytes)
+    nodes = trie.nodes()
+    paths = prefixes(token_bytes)
+    assert trie.node_count == len(nodes) == len(paths) + 1
+    assert trie.token_count == sum(1 for t in token_bytes if t)
+    assert nodes[0, 1] >> 8 == len(nodes) and nodes[0, 1] & 0xFF == 0
+    for path, (token_byte, size_depth) in zip(paths, nodes[1:].tolist()):
+        assert token_byte & 0xFF == path[-1]
+        assert size_depth & 0xFF == len(path)
+        assert size_depth >> 8 == sum(p.startswith(path) for p in paths)
+        ids = [i for i, t in enumerate(token_bytes) if t == path]
+        token = token_byte >> 8
+        if not ids:
+            assert token == 0xFFFFFF
+        elif len(ids) == 1:
+            assert token == ids[0]
+        else:  # duplicates: a group, numbered past the ids
+            assert len(token_bytes) <= token < 0xFFFFFF
+
+
+def test_packed_trie_refuses_what_a_node_cannot_hold() -> None:
+    with pytest.raises(ValueError, match="token 1 has 256 bytes"):
+        _core.PackedTrie([b"a", b"x" * 256])
+    with pytest.raises(TypeError, match=r"token_bytes\[1\] is a str"):
+        _core.PackedTrie([b"a", "b"])
+    assert TokenTrie([b"a", b"x" * 256]).packed is None  # such a vocabulary keeps the numpy walk
+
+
+def test_fill_must_hand_back_the_row() -> None:
+    trie = _core.PackedTrie([b"a", b"ab"])
+    rows = np.zeros((4, 256), np.int32)
+    rows[1, ord("a")] = 2
+    done = np.array([True, True, False, False])
+    with pytest.raises(ValueError, match="no row for state 2"):
+        trie.walk(1, rows, done, lambda s: (rows, done))
+    with pytest.raises(TypeError, match=r"must return \(rows, done\)"):
+        trie.walk(1, rows, done, lambda s: rows)
+    with pytest.raises(TypeError):  # no silent copy of a table of another dtype
+        trie.walk(1, rows.astype(np.int64), done, lambda s: (rows, done))
+
+
+# ---------------------------------------------------------------- walks: the twins agree
+
+atoms = st.sampled_from(["a", "b", '"', r"\{", "é", "[ab]", '[^"]', '[^"\\\\]', ".", r"\w", "[a-zé]"])
+
+
+def regexes() -> st.SearchStrategy[str]:
+    def grow(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+        return st.one_of(
+            st.lists(inner, min_size=2, max_size=3).map("".join),
+            st.lists(inner, min_size=2, max_size=3).map(lambda xs: "(" + "|".join(xs) + ")"),
+            st.tuples(inner, st.sampled_from(["*", "+", "?", "{2}", "{1,3}", "{0,4}"])).map(lambda p: f"({p[0]}){p[1]}"),
+        )
+    return st.recursive(atoms, grow, max_leaves=8)
+
+
+small_vocabularies = st.lists(st.binary(min_size=1, max_size=4).map(lambda b: bytes(ALPHABET[c % len(ALPHABET)] for c in b)),
+                              min_size=1, max_size=60)
+
+
+@settings(max_examples=80, deadline=None)
+@given(regexes(), small_vocabularies, st.randoms(use_true_random=False))
+def test_random_regexes_on_small_vocabularies(pattern, token_bytes, rng) -> None:
+    """Duplicates, prefixes of other tokens and multi-byte characters; every id checked one by one."""
+    vocab = constrain.Vocabulary.from_token_bytes([*token_bytes, None], eos_token_ids=[len(token_bytes)])
+    try:
+        compiled = constrain.compile_regex(pattern, vocab)
+    except constrain.GrammarError:  # e.g. no token can start a document
+        return
+    walk_states(automaton_of(compiled), rng, steps=6, per_token=True)
+
+
+@pytest.fixture(scope="module", params=["tekken", "llama3"])
+def real_vocab(request) -> constrain.Vocabulary:
+    return {"tekken": tekken, "llama3": llama3}[request.param]()
+
+
+@settings(max_examples=25, deadline=None)
+@given(regexes(), st.randoms(use_true_random=False))
+def test_random_regexes_on_a_real_vocabulary(pattern, rng) -> None:
+    vocab = tekken()
+    try:
+        compiled = constrain.compile_regex(pattern, vocab)
+    except constrain.GrammarError:
+        return
+    walk_states(automaton_of(compiled), rng, steps=4)
+
+
+def test_builtin_json_grammar_on_real_vocabularies(real_vocab) -> None:
+    """Dense states (string bodies) and the grammar stack's states, on a random walk."""
+    text = (Path(constrain.grammars.__file__).parent / "json.lark").read_text()
+    walk_states(automaton_of(constrain.compile_lark(text, real_vocab)), random.Random(0), steps=40)
+
+
+def jsonschemabench_slice(every: int) -> list[dict]:
+    with gzip.open(DATA / "Github_easy.jsonl.gz", "rt") as lines:
+        return [json.loads(line)["schema"] for i, line in enumerate(lines) if i % every == 0]
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="JSONSchemaBench data not present")
+def test_real_schemas_on_real_vocabularies(real_vocab) -> None:
+    rng = random.Random(1)
+    compiled = 0
+    for schema in jsonschemabench_slice(every=150):
+        try:
+            grammar = constrain.compile_json_schema(schema, real_vocab)
+        except constrain.GrammarError:
+            continue
+        walk_states(automaton_of(grammar), rng, steps=12)
+        compiled += 1
+    assert compiled >= 3
