@@ -190,3 +190,24 @@ def test_keywords_of_later_drafts_are_annotations_in_earlier_ones() -> None:
     agree({"dependencies": {"a": ["b"]}}, [{"a": 1}, {"a": 1, "b": 2}])
     agree({"$schema": DRAFT7, "dependencies": {"a": ["b"]}}, [{"a": 1}, {"a": 1, "b": 2}, {"b": 1}])
     agree({"$schema": DRAFT4, "type": "array", "contains": {"type": "string"}}, [[], [1], ["x"]])
+
+
+# ---------------------------------------------------------------------- defect 8: lone surrogates
+
+
+@pytest.mark.parametrize(("schema", "value"), [
+    ({"const": "\ud83d"}, "\ud83d"),
+    ({"enum": ["a\udc00b", 1]}, "a\udc00b"),
+    ({"type": "object", "required": ["\ud83d"], "properties": {"\ud83d": {"type": "integer"}},
+      "additionalProperties": False}, {"\ud83d": 1}),
+])
+def test_lone_surrogates_are_written_escaped(schema: dict, value: Any) -> None:
+    compiled = constrain.compile_json_schema(schema, BYTES)
+    escaped = json.dumps(value, separators=(",", ":")).encode()  # ASCII: every surrogate as \uXXXX
+    raw = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+    assert accepts(compiled, escaped) and not accepts(compiled, raw)
+    assert random_walks(compiled, schema)
+
+
+def test_a_lone_surrogate_excluded_by_not_stays_excluded() -> None:
+    agree({"enum": ["\ud83d", "x"], "not": {"const": "\ud83d"}}, [b'"\\ud83d"', b'"\\uD83D"', "x"])

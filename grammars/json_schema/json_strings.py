@@ -14,18 +14,21 @@ complement of the declared spellings and no key can appear twice under two spell
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from functools import lru_cache
+from typing import Any
 
 from constrain.grammars.ir import NOTHING, Node, alt, byte_set, literal, repeat, seq
 from constrain.grammars.unicode import MAX_CODE_POINT, char_class, intersect_ranges, normalize, subtract
 
-__all__ = ["json_char", "canonical_char", "ANY_JSON_CHAR", "string_body", "string_literal"]
+__all__ = ["json_char", "canonical_char", "char_spellings", "ANY_JSON_CHAR", "string_body", "string_literal", "json_text"]
 
 _SHORT_ESCAPES = {0x22: b'\\"', 0x5C: b"\\\\", 0x2F: b"\\/", 0x08: b"\\b", 0x0C: b"\\f",
                   0x0A: b"\\n", 0x0D: b"\\r", 0x09: b"\\t"}
 # Characters that may not appear raw inside a JSON string.
 _NOT_RAW = [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C)]
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _HIGH = (0xD800, 0xDBFF)
 _LOW = (0xDC00, 0xDFFF)
 
@@ -132,6 +135,20 @@ def string_body(min_length: int = 0, max_length: int | None = None, *, canonical
     return repeat(ANY_CANONICAL_CHAR if canonical else ANY_JSON_CHAR, min_length, max_length)
 
 
+def json_text(value: Any, **dumps_options: Any) -> bytes:
+    """``json.dumps(value, ensure_ascii=False)`` as UTF-8, with lone surrogates escaped (``\\ud83d``):
+    they have no UTF-8 encoding, and their raw bytes are not JSON text."""
+    text = json.dumps(value, ensure_ascii=False, **dumps_options)
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode("utf-8")
+
+
 def string_literal(text: str) -> Node:
     """The canonical spelling of ``text`` as a JSON string, quotes included."""
-    return literal(json.dumps(text, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    return literal(json_text(text))
+
+
+def char_spellings(cp: int) -> Node:
+    """Every spelling of the one character ``cp``; a lone surrogate only as its ``\\uXXXX`` escape."""
+    if _HIGH[0] <= cp <= _LOW[1]:
+        return _u_escape([(cp, cp)])
+    return json_char([(cp, cp)])

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from constrain.grammars.ir import NOTHING, Node, alt, literal, seq
-from constrain.grammars.json_schema.json_strings import json_char, string_literal
+from constrain.grammars.json_schema.json_strings import char_spellings, string_literal
 
 __all__ = ["value_ir", "complete_value_ir", "dedupe_values", "json_equal", "hashable", "Incomplete"]
 
@@ -110,7 +110,7 @@ def complete_value_ir(v: Any, ws: Node, comma: Node, colon: Node) -> Node:
         exact = number_ir(Bound(d), Bound(d))
         return exact if exact != NOTHING else NOTHING
     if isinstance(v, str):
-        return seq(literal('"'), *[json_char([(ord(c), ord(c))]) for c in v], literal('"'))
+        return seq(literal('"'), *[char_spellings(ord(c)) for c in v], literal('"'))
     if isinstance(v, list):
         items = []
         for i, x in enumerate(v):

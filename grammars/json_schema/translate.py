@@ -8,7 +8,6 @@ a ``[``, ``{`` or key is always consumed before a nested value).
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -38,7 +37,13 @@ from constrain.grammars.ir import (
 )
 from constrain.grammars.json_schema.document import Document, Sub
 from constrain.grammars.json_schema.formats import KNOWN_FORMATS, format_ir
-from constrain.grammars.json_schema.json_strings import ANY_CANONICAL_CHAR, ANY_JSON_CHAR, canonical_char, json_char
+from constrain.grammars.json_schema.json_strings import (
+    ANY_CANONICAL_CHAR,
+    ANY_JSON_CHAR,
+    canonical_char,
+    json_char,
+    json_text,
+)
 from constrain.grammars.json_schema.literals import Incomplete, complete_value_ir, is_integral, value_ir
 from constrain.grammars.json_schema.normalize import Normalizer
 from constrain.grammars.json_schema.numbers import (
@@ -348,9 +353,8 @@ class Translator:
         """``v`` as generated (at ``depth``, default the current one); ``2.0`` for ``2`` too unless
         draft-04's integer type would reject it."""
         if self.indent is not None and isinstance(v, (list, dict)) and v:
-            text = json.dumps(v, indent=self.indent, ensure_ascii=False)
-            pad = " " * (self.indent * (self.depth if depth is None else depth))
-            return literal(text.replace("\n", "\n" + pad).encode("utf-8", "surrogatepass"))
+            pad = b" " * (self.indent * (self.depth if depth is None else depth))
+            return literal(json_text(v, indent=self.indent).replace(b"\n", b"\n" + pad))
         fraction = not self.doc.draft4
         if not fraction and sh is not None and is_integral(v):
             fraction = self.norm.valid_shape(float(v), sh) is True
