@@ -27,6 +27,7 @@ import re
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import lark
@@ -35,6 +36,7 @@ import numpy as np
 import constrain
 from constrain.budget import CompileBudget
 from constrain.grammars.errors import GrammarError
+from constrain.testing.corpus import DEFAULT_DATA, JSB_SUBSETS, load_cases, suite_files
 from constrain.testing.schema_check import oracle
 
 PROPERTIES = ("crash", "hang", "unsound", "disagree", "dead_end", "incomplete")
@@ -198,8 +200,9 @@ def generate(kind: str, rng: random.Random, pool: list[Any]) -> FuzzCase:
     return FuzzCase(kind, mutate_schema(rng, rng.choice(pool), pool, rng.randint(1, 4)))
 
 
-def schema_pool(cases: list[Any]) -> list[Any]:
-    """The corpus schemas small enough to mutate (``cases``: ``constrain.testing.corpus.Case``s)."""
+def schema_pool(data_dir: Path = DEFAULT_DATA) -> list[Any]:
+    """The schemas of the corpus's dev half (JSONSchemaBench and the test suite) small enough to mutate."""
+    cases = load_cases(data_dir, list(JSB_SUBSETS), "dev") + load_cases(data_dir, suite_files(data_dir), "dev")
     return [c.schema for c in cases if isinstance(c.schema, dict) and len(json.dumps(c.schema)) <= MAX_SCHEMA_CHARS]
 
 
@@ -342,6 +345,7 @@ def _walk(case: FuzzCase, compiled: constrain.CompiledGrammar, accepts: Callable
         return
     budget = int(shortest) + 1 + rng.randint(0, MAX_EXTRA_TOKENS)
     bitmask = constrain.allocate_token_bitmask(1, vocab.vocab_size)
+    lengths = np.array([len(b or b"") for b in vocab.token_bytes])
     tokens: list[int] = []
     doc = b""
     while True:
@@ -349,13 +353,13 @@ def _walk(case: FuzzCase, compiled: constrain.CompiledGrammar, accepts: Callable
         if not len(allowed):
             failures.append(Failure("dead_end", case, f"empty mask after {doc!r}", tokens))
             return
-        bad = _disagreement(m, allowed, vocab.token_bytes, rng)
+        bad = _disagreement(m, allowed, lengths, rng)
         if bad is not None:
             failures.append(Failure("disagree", case, f"after {doc!r}: {bad}", tokens))
             return
         m.fill_next_token_bitmask(bitmask, 0, tokens_left=budget - len(tokens))
         close = _ids(bitmask[0].numpy(), len(vocab.token_bytes))
-        if not set(close.tolist()) <= set(allowed.tolist()):
+        if not np.isin(close, allowed, assume_unique=True).all():
             failures.append(Failure("disagree", case, f"after {doc!r}: the budget-aware mask allows tokens the "
                                     "full mask does not", tokens))
             return
@@ -363,8 +367,9 @@ def _walk(case: FuzzCase, compiled: constrain.CompiledGrammar, accepts: Callable
             failures.append(Failure("dead_end", case, f"budget-aware close left no token after {doc!r} "
                                     f"({budget - len(tokens)} tokens left)", tokens))
             return
-        stops = [t for t in close.tolist() if t in eos]
-        words = [t for t in close.tolist() if t not in eos]
+        listed = close.tolist()
+        stops = [t for t in listed if t in eos]
+        words = [t for t in listed if t not in eos]
         token = stops[0] if stops and (not words or rng.random() < P_STOP) else rng.choice(words)
         tokens.append(token)
         if not m.accept_token(token):
@@ -384,23 +389,23 @@ def _ids(words: np.ndarray, n_tokens: int) -> np.ndarray:
     return np.flatnonzero(bits[:n_tokens])
 
 
-def _disagreement(m: constrain.Matcher, allowed: np.ndarray, token_bytes: list[bytes | None],
-                  rng: random.Random) -> str | None:
+def _disagreement(m: constrain.Matcher, allowed: np.ndarray, lengths: np.ndarray, rng: random.Random) -> str | None:
     """A token where the mask and ``accept_token`` on a fork disagree, or None.
 
     A small vocabulary is checked whole; a large one on a sample of the allowed tokens, their longest
-    ones and as many refused ones.
+    ones and as many random others.
     """
-    allowed_set = set(allowed.tolist())
-    n_tokens = len(token_bytes)
+    n_tokens = len(lengths)
+    in_mask = np.zeros(n_tokens, dtype=bool)
+    in_mask[allowed] = True
     if n_tokens <= 1024:
         candidates = list(range(n_tokens))
     else:
-        ids = allowed.tolist()
-        longest = sorted(ids, key=lambda t: len(token_bytes[t] or b""))[-16:]
-        candidates = rng.sample(ids, min(len(ids), MAX_CHECKED_TOKENS)) + longest
-        candidates += [t for t in (rng.randrange(n_tokens) for _ in range(MAX_CHECKED_TOKENS)) if t not in allowed_set]
+        longest = allowed[np.argsort(lengths[allowed], kind="stable")[-16:]].tolist()
+        sample = rng.sample(range(len(allowed)), min(len(allowed), MAX_CHECKED_TOKENS))
+        candidates = allowed[sample].tolist() + longest + [rng.randrange(n_tokens) for _ in range(MAX_CHECKED_TOKENS)]
     for t in candidates:
-        if m.fork().accept_token(t) != (t in allowed_set):
-            return f"token {t} is {'in' if t in allowed_set else 'not in'} the mask and accept_token says the opposite"
+        if m.fork().accept_token(t) != in_mask[t]:
+            return f"token {t} is {'in' if in_mask[t] else 'not in'} the mask and accept_token says the opposite"
     return None
+
