@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -169,6 +170,8 @@ class TokenAutomaton:
         if table.is_byte_set(head):  # a literal's next byte: the plain walk is already tiny
             return None
         sig = table.signature(head)
+        heads: ByteBudgetCache
+        key: tuple[Hashable, ...]
         if sig is None:
             heads, key = self._heads, (head,)
         else:  # the signature table is part of the key: its ids mean nothing to another table

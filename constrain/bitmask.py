@@ -47,6 +47,8 @@ def bitmask_row(bitmask: torch.Tensor | np.ndarray, index: int, n_words: int) ->
                          f"(allocate_token_bitmask(batch, vocab.vocab_size) sizes them)")
     if type(index) is not int or not 0 <= index < shape[0]:
         index = check_index(index, "fill_next_token_bitmask(index)", shape[0], "the rows of the bitmask")
-    if isinstance(bitmask, np.ndarray):
+    if isinstance(bitmask, torch.Tensor) and bitmask.device.type != "cpu":
         return bitmask[index]
-    return bitmask.numpy()[index] if bitmask.device.type == "cpu" else bitmask[index]
+    array: np.ndarray = bitmask if isinstance(bitmask, np.ndarray) else bitmask.numpy()
+    row: np.ndarray = array[index]
+    return row

@@ -93,7 +93,7 @@ class ByteBudgetCache:
         """``self[key]``, made by ``make()`` on a miss (outside the lock: makes may be slow)."""
         got = self.get(key)
         if got is not None:
-            return got  # type: ignore[no-any-return]
+            return got
         value = make()
         self.put(key, value)
         return value

