@@ -211,3 +211,22 @@ def test_lone_surrogates_are_written_escaped(schema: dict, value: Any) -> None:
 
 def test_a_lone_surrogate_excluded_by_not_stays_excluded() -> None:
     agree({"enum": ["\ud83d", "x"], "not": {"const": "\ud83d"}}, [b'"\\ud83d"', b'"\\uD83D"', "x"])
+
+
+# ---------------------------------------------------------------------- defect 9: idn-hostname
+
+IDN_HOSTNAMES = ["ab--cd.com", "xn--abc", "xn--a.com", "xn--bcher-kva.de", "example.com", "Example.COM", "a-b.c",
+                 "bücher.de", "straße.de", "日本.jp", "é.fr", "ÀB.com", "-a.com", "a.b-", "a--b.org", "ab-c.d-e.fg",
+                 "bü--cher.de", "ü.ü.ü", "a" * 64 + ".com", "a" * 63 + ".com", ".com", "a..b", "中文中文中文中.cn"]
+
+
+def test_idn_hostname_agrees_with_idna_or_admits_less() -> None:
+    schema = {"type": "string", "format": "idn-hostname"}
+    compiled = constrain.compile_json_schema(schema, BYTES)
+    check = oracle(schema)
+    accepted = {h for h in IDN_HOSTNAMES if accepts(compiled, dump(h))}
+    assert accepted <= {h for h in IDN_HOSTNAMES if check.is_valid(h)}  # never unsound
+    assert {"ab--cd.com", "xn--abc", "xn--a.com", "bü--cher.de"}.isdisjoint(accepted)
+    assert {"example.com", "Example.COM", "a-b.c", "a--b.org", "bücher.de", "straße.de", "日本.jp", "é.fr",
+            "a" * 63 + ".com"} <= accepted
+    assert random_walks(compiled, schema, walks=6, steps=60)

@@ -1,16 +1,16 @@
 """``format`` values as IR over the inside of a JSON string, each a subset of its RFC syntax.
 
-Every format here is ASCII, so it is written as an ECMA regular expression and compiled with the
-JSON character encoder (a ``\\u0041`` spelling of ``A`` is still an ``A``). Each pattern is at
-least as strict as the RFC and as the reference validators: when unsure we admit less, since a
-generated value must always validate. Dates check days per month, leap years included.
+Every format is written as an ECMA regular expression and compiled with the JSON character
+encoder (a ``\\u0041`` spelling of ``A`` is still an ``A``). Each pattern is at least as strict
+as the RFC and as the reference validators: when unsure we admit less, since a generated value
+must always validate. Dates check days per month, leap years included.
 """
 
 from __future__ import annotations
 
 from functools import cache
 
-from constrain.grammars.ir import Node, intersect, repeat
+from constrain.grammars.ir import Node, alt, intersect, repeat
 from constrain.grammars.json_schema.json_strings import ANY_JSON_CHAR
 
 __all__ = ["KNOWN_FORMATS", "format_ir"]
@@ -28,6 +28,26 @@ _DURATION = (
 )
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = _LABEL + r"(?:\." + _LABEL + r")*"
+# IDNA 2008 (RFC 5890-5893), as the `idna` package checks it. A label with "--" in positions 3-4
+# is an A-label whose punycode a pattern cannot check, so none is admitted: ASCII labels are
+# NR-LDH labels, and U-labels (at most two, of at most 6 characters, in a name of at most
+# _IDN_U_MAX_LENGTH) use only lowercase letters that are PVALID with no contextual or bidi rule
+# (Latin-1 letters, CJK ideographs). Each such U-label encodes to at most 40 characters, so the
+# encoded name stays within the 253 that DNS allows.
+
+
+def _nr_ldh_label(char: str, max_length: int) -> str:
+    """A label of ``char``s and inner hyphens, never "--" at positions 3-4."""
+    c, h = char, char[:-1] + "-]"
+    return (f"{c}(?:{c}|{h}{c}|{h}{h}{c}|{h}(?:{c}{h}|-{c}){h}{{0,{max_length - 5}}}{c})?")
+
+
+_IDN_ASCII_LABEL = _nr_ldh_label("[A-Za-z0-9]", 63)
+_IDN_U_LABEL = _nr_ldh_label("[a-z0-9\u00df-\u00f6\u00f8-\u00ff\u4e00-\u9fff]", 6)
+_IDN_ASCII_HOSTNAME = _IDN_ASCII_LABEL + r"(?:\." + _IDN_ASCII_LABEL + r")*"
+_IDN_U_HOSTNAME = (r"(?:" + _IDN_ASCII_LABEL + r"\.)*" + _IDN_U_LABEL + r"(?:\." + _IDN_ASCII_LABEL + r")*(?:\."
+                   + _IDN_U_LABEL + r"(?:\." + _IDN_ASCII_LABEL + r")*)?")
+_IDN_U_MAX_LENGTH = 150
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]\d|\d)"
 _IPV4 = _OCTET + r"(?:\." + _OCTET + r"){3}"
 _H16 = r"[0-9A-Fa-f]{1,4}"
@@ -104,7 +124,8 @@ _PATTERNS = {
     "email": _EMAIL,
     "idn-email": _EMAIL,
     "hostname": _HOSTNAME,
-    "idn-hostname": _HOSTNAME,
+    "idn-hostname": _IDN_ASCII_HOSTNAME,
+    "idn-hostname@u-labels": _IDN_U_HOSTNAME,
     "ipv4": _IPV4,
     "ipv6": _IPV6,
     "uuid": _UUID,
@@ -122,7 +143,9 @@ _PATTERNS = {
     "time@draft3": r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d",  # draft-03 time: hh:mm:ss
 }
 # Total length limits the RFCs set on top of the syntax.
-_MAX_LENGTH = {"hostname": 253, "idn-hostname": 253, "host-name": 253}
+_MAX_LENGTH = {"hostname": 253, "idn-hostname": 253, "host-name": 253, "idn-hostname@u-labels": _IDN_U_MAX_LENGTH}
+# Formats that are the union of several patterns (each with its own length limit).
+_ALSO = {"idn-hostname": "idn-hostname@u-labels"}
 
 KNOWN_FORMATS = frozenset(k for k in _PATTERNS if "@" not in k)
 
@@ -136,4 +159,4 @@ def format_ir(name: str) -> Node:
     node = regex_to_ir(_PATTERNS[name], dialect="ecma", search=False, encode_class=json_char)
     if name in _MAX_LENGTH:
         node = intersect(node, repeat(ANY_JSON_CHAR, 1, _MAX_LENGTH[name]))
-    return node
+    return alt(node, format_ir(_ALSO[name])) if name in _ALSO else node
