@@ -221,7 +221,13 @@ class TokenAutomaton:
         return crossings
 
     def transitions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every allowed non-stop token of ``state`` and the state each one leads to."""
+        """Every allowed non-stop token of ``state`` and the state each one leads to.
+
+        Walked by the C++ core where it is built; ``_walk`` is its twin (tests/test_native_walk.py).
+        """
+        native = self.trie.native_transitions(self.table, state)
+        if native is not None:
+            return native
         tokens, nexts, _ = self._walk(self._root_seeds(state))
         return tokens, nexts
 
