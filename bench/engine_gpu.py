@@ -10,10 +10,12 @@ Usage (GPU machine; ``--random-weights`` when only the config and tokenizer can 
         --batches 1,16,64,256 --max-tokens 128 --out $OUT/engine_gpu.json
 
 ``--suite graph`` runs the CUDA-graph decode loop instead, for unconstrained, constrain and the
-anchors in the same loop, on SmolLM2-135M and a Llama-3-8B-shaped model (bench/engine_graph.py):
+anchors in the same loop, then the public ``Engine.run`` against that bare loop on the same
+requests, on SmolLM2-135M-Instruct (real weights: its GGUF, or ``--random-weights`` with a folder)
+and a Llama-3-8B-shaped model with random weights (bench/engine_graph.py):
     python3 bench/engine_gpu.py --prepare ../shared/data --data .bench_data   # here, once
-    python3 bench/engine_gpu.py --suite graph --model .bench_model --data .bench_data \
-        --batches 1,16,64,256 --max-tokens 64 --hf-baseline --out $OUT/engine_graph.json
+    python3 bench/engine_gpu.py --suite graph --model SmolLM2-135M-Instruct.Q4_1.gguf --data .bench_data \
+        --batches 1,16,64,256 --max-tokens 64 --out $OUT/engine_graph.json
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from constrain.engine.api import Engine, Request
-from constrain.engine.model import LoadedModel, load_model
+from constrain.engine.model import LoadedModel
 from constrain.engine.runner import ModelRunner
 
 SCHEMA = {
@@ -51,20 +53,6 @@ SCHEMA = {
     "additionalProperties": False,
 }
 TEXT = "Invoice INV-{i:04d} from ACME Tools Ltd: 3 hammers and {i} nails, total {i}.50 EUR, paid."
-
-
-def load(args: argparse.Namespace) -> LoadedModel:
-    if not args.random_weights:
-        return load_model(args.model, device=args.device)
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
-    cfg = AutoConfig.from_pretrained(args.model, local_files_only=True)
-    torch.manual_seed(0)
-    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).to(args.device).eval()
-    eos = (int(tok.eos_token_id),) if tok.eos_token_id is not None else ()
-    return LoadedModel(model, tok, torch.device(args.device), "random-" + Path(args.model).name, eos)
 
 
 def sync(device: str) -> None:
@@ -151,7 +139,9 @@ def main() -> None:
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     t0 = time.perf_counter()
-    loaded = load(args)
+    from bench.engine_graph import smol
+
+    loaded = smol(args.model, args.device, args.random_weights)
     engine = Engine(loaded, max_batch=max(int(b) for b in args.batches.split(",")))
     print(f"loaded {loaded.name} on {loaded.device} in {time.perf_counter() - t0:.1f} s", flush=True)
     modes = args.modes.split(",")

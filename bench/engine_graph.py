@@ -1,4 +1,5 @@
-"""Graph-decode engine throughput: unconstrained vs constrain vs xgrammar / llguidance in one loop.
+"""Graph-decode engine throughput: unconstrained vs constrain vs xgrammar / llguidance in one loop,
+and the public ``Engine.run`` against that bare loop.
 
 Why: with eager transformers decode (~80-100 ms a step) constraint overhead is invisible. Here
 every engine runs in the same ``Scheduler`` over the graph step backend (``GraphStep``):
@@ -8,10 +9,13 @@ every engine runs in the same ``Scheduler`` over the graph step backend (``Graph
   host every step while the forward graph runs; the mask is applied inside the same fused
   sampler (``kernels.sample``) for all three, so only the mask production differs;
 - ``hf_xgrammar``: plain ``model.generate()`` with xgrammar's HF logits processor (baseline).
+Then ``Engine.run`` (what a user calls) against the bare loop on the same requests with the
+Engine's defaults: the public path must cost no more than the loop it wraps.
 
-Models: the SmolLM2-135M config (real tokenizer) and a Llama-3-8B-shaped model (128k vocab, built
-on the device from its config), both with **random** weights. Called from ``engine_gpu.py
---suite graph``; ``--prepare DIR`` writes the small carried data (schemas, Llama-3 tokenizer file).
+Models: SmolLM2-135M-Instruct (real weights from its GGUF, prompts through its chat template;
+or its config with random weights) and a Llama-3-8B-shaped model (128k vocab, built on the device
+from its config, random weights). Called from ``engine_gpu.py --suite graph``; ``--prepare DIR``
+writes the small carried data (schemas, Llama-3 tokenizer file).
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from typing import Any
 import torch
 
 from bench.tok import Tok
+from constrain.engine.api import Engine, Request
 from constrain.engine.generate import run_requests
 from constrain.engine.graph_loop import GraphStep
 from constrain.engine.graph_runner import BATCH_BUCKETS, GraphRunner
+from constrain.engine.model import LoadedModel, load_model
 from constrain.engine.runner import EagerStep, ModelRunner
 from constrain.engine.sampler import SamplingParams
 from constrain.engine.scheduler import Scheduler
@@ -68,51 +74,59 @@ def prepare(out: Path, data_dir: Path) -> None:
 
 
 # -- models and vocabularies ------------------------------------------------------------------
-def smol(model_dir: str, device: str) -> tuple[Any, Tok, Any]:
-    """SmolLM2-135M config + real tokenizer, random bf16 weights."""
+def smol(model: str, device: str, random_weights: bool = False) -> LoadedModel:
+    """SmolLM2-135M: real weights from a ``.gguf`` file or model folder (``load_model``, bf16 on
+    CUDA), or ``random_weights``: the folder's config and tokenizer with random weights."""
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if not random_weights:
+        return load_model(model, device=device, dtype=dtype)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from constrain import Vocabulary
-
-    tk = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    cfg = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    tk = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    cfg = AutoConfig.from_pretrained(model, local_files_only=True)
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    width = int(model.get_output_embeddings().weight.shape[0])
-    vocab = Vocabulary.from_hf(tk, vocab_size=width, eos_tokens=[int(tk.eos_token_id)])
-
-    def encode(s: str) -> list[int]:
-        return list(tk(s, add_special_tokens=False)["input_ids"])
-
-    tok = Tok("smollm2", vocab, list(vocab.token_bytes), tuple(vocab.eos_token_ids), int(vocab.vocab_size), encode)
-    return model, tok, tk
+        net = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    return LoadedModel(net, tk, torch.device(device), "random-" + Path(model).name, (int(tk.eos_token_id),))
 
 
-def llama8b(data: Path, device: str, tiny: bool = False) -> tuple[Any, Tok, Any]:
-    """Llama-3-8B shape (random bf16 weights, built on the device) + the real Llama-3 vocabulary."""
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from constrain import Vocabulary
+def llama8b(data: Path, device: str, tiny: bool = False) -> LoadedModel:
+    """Llama-3-8B shape (random bf16 weights, built on the device) with the real Llama-3
+    vocabulary, as a transformers tokenizer converted from the carried tiktoken file."""
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers.integrations.tiktoken import TikTokenConverter
 
     meta = json.loads((data / "llama3.json").read_text())
-    path = data / "llama3.tiktoken"
-    vocab = Vocabulary.from_tiktoken(path, special_tokens=meta["special"],
-                                     eos_tokens=["<|eot_id|>", "<|end_of_text|>"], name="llama3")
-    enc = tiktoken.Encoding("llama3", pat_str=meta["pat_str"], mergeable_ranks=load_tiktoken_bpe(str(path)),
-                            special_tokens=meta["special"])
-
-    def encode(s: str) -> list[int]:
-        return list(enc.encode(s, allowed_special=set(), disallowed_special=()))
-
+    backend = TikTokenConverter(vocab_file=str(data / "llama3.tiktoken"), pattern=meta["pat_str"],
+                                extra_special_tokens=meta["special"]).converted()
+    tk = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
     torch.manual_seed(0)
     with torch.device(device):
         shape = dict(LLAMA3_8B, **(dict(hidden_size=256, num_hidden_layers=2, intermediate_size=512) if tiny else {}))
         model = LlamaForCausalLM(LlamaConfig(**shape)).to(torch.bfloat16).eval()
-    tok = Tok("llama3", vocab, list(vocab.token_bytes), tuple(vocab.eos_token_ids), int(vocab.vocab_size), encode)
-    return model, tok, enc
+    eos = tuple(int(backend.token_to_id(t)) for t in ("<|eot_id|>", "<|end_of_text|>"))
+    return LoadedModel(model, tk, torch.device(device), "random-llama3-8b", eos)
+
+
+def engine_tok(engine: Engine) -> Tok:
+    """The bench's view of the Engine's own vocabulary, so both loops compile the same grammars."""
+    vocab, tk = engine.vocab, engine.tokenizer
+
+    def encode(s: str) -> list[int]:
+        return list(tk(s, add_special_tokens=False)["input_ids"])
+
+    name = "llama3" if "llama3" in engine.loaded.name else "smollm2"
+    return Tok(name, vocab, list(vocab.token_bytes), tuple(vocab.eos_token_ids), int(vocab.vocab_size), encode)
+
+
+def prompt_ids(loaded: LoadedModel, tok: Tok, schemas: list[dict], count: int) -> list[list[int]]:
+    """Row i's prompt: through the chat template where the model has one, else BOS + raw text."""
+    bos = [128000] if tok.name == "llama3" else []
+    out = []
+    for i in range(count):
+        text = PROMPT.format(i=i, schema=json.dumps(schemas[i % len(schemas)]["schema"])[:160])
+        out.append(loaded.encode_prompt(text) if loaded.has_chat_template else bos + tok.encode(text))
+    return out
 
 
 # -- the engine loop --------------------------------------------------------------------------
@@ -151,16 +165,14 @@ class Timed(Scheduler):
         return out
 
 
-def make_requests(tok: Tok, schemas: list[dict], compiled: list[Any], batch: int, max_tokens: int,
-                  bos: list[int]) -> list[GenerationRequest]:
-    out = []
-    for i in range(batch):
-        k = i % len(schemas)
-        ids = bos + tok.encode(PROMPT.format(i=i, schema=json.dumps(schemas[k]["schema"])[:160]))
-        out.append(GenerationRequest(ids, compiled[k] if compiled else None, SamplingParams(0.0), max_tokens,
-                                     stop_token_ids=frozenset() if not compiled else frozenset(tok.eos_token_ids),
-                                     force_tokens=False, budget_close=False))
-    return out
+def make_requests(tok: Tok, prompts: list[list[int]], compiled: list[Any], batch: int,
+                  max_tokens: int) -> list[GenerationRequest]:
+    """The mode table's requests: no forced text and no budget close (the anchors have neither),
+    so every mode does the same work per token; unconstrained rows ignore stop ids (full length)."""
+    stops = frozenset(tok.eos_token_ids) if compiled else frozenset()
+    return [GenerationRequest(prompts[i], compiled[i % len(compiled)] if compiled else None, SamplingParams(0.0),
+                              max_tokens, stop_token_ids=stops, force_tokens=False, budget_close=False)
+            for i in range(batch)]
 
 
 def run_suite(args: Any) -> None:
@@ -180,23 +192,54 @@ def run_suite(args: Any) -> None:
     for name in args.models.split(","):
         t0 = time.perf_counter()
         dev = args.device
-        model, tok, _ = smol(args.model, dev) if name == "smollm2" else llama8b(data, dev, args.tiny)
-        floor = physical_floor(model) if dev == "cuda" else {}
-        emit({"model": name, "load_s": round(time.perf_counter() - t0, 1), **floor})
-        bench_model(name, model, tok, schemas, batches, modes, args.max_tokens, args.hf_baseline, emit)
-        del model
+        loaded = smol(args.model, dev, args.random_weights) if name == "smollm2" else llama8b(data, dev, args.tiny)
+        floor = physical_floor(loaded.model) if dev == "cuda" else {}
+        emit({"model": name, "weights": loaded.name, "load_s": round(time.perf_counter() - t0, 1), **floor})
+        bench_model(name, loaded, schemas, batches, modes, args.max_tokens, args.hf_baseline, emit)
+        del loaded
         torch.cuda.empty_cache()
-    cols = modes + (["hf_xgrammar"] if args.hf_baseline else [])
+    print_tables(rows, args.models.split(","), batches, modes + (["hf_xgrammar"] if args.hf_baseline else []))
+
+
+def print_tables(rows: list[dict], models: list[str], batches: list[int], cols: list[str]) -> None:
+    """The mode table, then the public ``Engine.run`` against the bare loop."""
+    def find(**kv: Any) -> dict | None:
+        return next((r for r in rows if all(r.get(k) == v for k, v in kv.items())), None)
+
     print("\ntokens/s end to end (in brackets: vs unconstrained with the same per-row lengths)")
     print("| model | batch | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 2) + "|")
-    for name in args.models.split(","):
+    for name in models:
         for b in batches:
             cells = []
             for m in cols:
-                r = next((r for r in rows if r.get("model") == name and r.get("mode") == m and r.get("batch") == b), None)
+                r = find(model=name, mode=m, batch=b)
                 cells.append("-" if r is None else f"{r['tok_per_s']}" + (f" ({r['vs_none']}x)" if "vs_none" in r else ""))
             print(f"| {name} | {b} | " + " | ".join(cells) + " |")
+    print("\nEngine.run (warm; cold in brackets) vs the bare loop on the same requests, tokens/s")
+    print("| model | batch | requests | bare loop | Engine.run | Engine / loop | same tokens |")
+    print("|---|---|---|---|---|---|---|")
+    for name in models:
+        for kind in ("json_schema", "unconstrained"):
+            for b in batches:
+                r = find(model=name, cell="engine_vs_loop", requests=kind, batch=b)
+                if r is not None:
+                    print(f"| {name} | {b} | {kind} | {r['loop_tok_per_s']} | {r['engine_tok_per_s']} "
+                          f"({r['engine_cold_tok_per_s']}) | {r['engine_vs_loop']}x | {r['same_tokens']} |")
+
+
+def timed(fn: Any) -> tuple[list[Any], float]:
+    """``fn()``'s results and its wall time, the device synchronised on both sides."""
+    _sync()
+    t0 = time.perf_counter()
+    out = fn()
+    _sync()
+    return out, time.perf_counter() - t0
+
+
+def emitted(results: list[Any]) -> int:
+    """Tokens a set of results emitted, each stop token counted (it took a step)."""
+    return sum(len(r.token_ids) + (r.finish_reason == "stop") for r in results)
 
 
 def run_cell(sched: Timed, reqs: list[GenerationRequest], matchers: list[Any] | None) -> dict:
@@ -204,31 +247,60 @@ def run_cell(sched: Timed, reqs: list[GenerationRequest], matchers: list[Any] | 
     for i, r in enumerate(reqs):
         if matchers:
             r.grammar, r.matcher = None, AnchorMatcher(matchers[i], tuple(sched.vocab.eos_token_ids))
-    ids = [sched.add(r) for r in reqs]
-    index = {rid: i for i, rid in enumerate(ids)}
-    results: list[Any] = [None] * len(reqs)
-    _sync()
-    t0 = time.perf_counter()
-    while any(r is None for r in results):
-        for rid, res in sched.step():
-            results[index[rid]] = res
-    wall = time.perf_counter() - t0
+    results, wall = timed(lambda: run_requests(sched, reqs))
     batch = len(reqs)
     full = [t for t, live in sched.log if live == batch]
     step = statistics.median(full) if full else float("nan")
-    tokens = sum(len(r.token_ids) + (r.finish_reason == "stop") for r in results)
+    tokens = emitted(results)
     sched.lengths = [len(r.token_ids) + (r.finish_reason == "stop") for r in results]
     return {"tok_per_s": round(tokens / wall, 1), "step_ms": round(1e3 * step, 3),
             "steady_tok_per_s": round(batch / step, 1) if full else None, "full_steps": len(full),
             "tokens": tokens, "wall_s": round(wall, 3), "stop": sum(r.finish_reason == "stop" for r in results)}
 
 
-def hf_generate(model: Any, tok: Tok, xgr_compiled: list[Any], batch: int, max_tokens: int, bos: list[int]) -> dict:
+def engine_vs_loop(engine: Engine, backend: GraphStep, tok: Tok, prompts: list[list[int]], schemas: list[dict],
+                   batches: list[int], max_tokens: int) -> list[dict]:
+    """The public ``Engine.run`` against the bare scheduler loop over a captured ``GraphStep``, on
+    the same requests with the Engine's defaults (JSON generation options, forced text, budget
+    close; unconstrained rows without stop ids). Each cell runs twice on each side and the second
+    run is compared; the Engine's first ("cold": lazy graph captures, table growth, new states)
+    is reported too."""
+    out = []
+    backend.table = True
+    for kind in ("json_schema", "unconstrained"):
+        for b in batches:
+            public = [Request(prompts[i], json_schema=schemas[i % len(schemas)]["schema"] if kind == "json_schema"
+                              else None, max_tokens=max_tokens, stop_token_ids=None if kind == "json_schema" else [])
+                      for i in range(b)]
+            bare = []
+            for r in public:
+                c = r.constraint()
+                stops = r.stop_token_ids if r.stop_token_ids is not None else engine.loaded.eos_token_ids
+                bare.append(GenerationRequest(list(r.prompt), engine.compile(c) if c is not None else None,
+                                              SamplingParams(r.temperature, r.top_p, r.top_k, r.seed), r.max_tokens,
+                                              frozenset(stops), budget_close=r.budget_close))
+            _, cold = timed(lambda: engine.run(public))
+            got, warm = timed(lambda: engine.run(public))
+            for _ in range(2):  # the loop's first run meets new states too: time its second
+                ref, loop = timed(lambda: run_requests(Scheduler(backend, tok.vocab, tok.encode,
+                                                                 context_len=engine.context_len), bare))
+            tokens = emitted(ref)
+            out.append({"cell": "engine_vs_loop", "requests": kind, "batch": b, "tokens": tokens,
+                        "forced": sum(r.forced_tokens for r in ref),
+                        "stop": sum(r.finish_reason == "stop" for r in ref),
+                        "loop_tok_per_s": round(tokens / loop, 1), "engine_tok_per_s": round(emitted(got) / warm, 1),
+                        "engine_cold_tok_per_s": round(emitted(got) / cold, 1),
+                        "engine_vs_loop": round(emitted(got) / warm / (tokens / loop), 3),
+                        "same_tokens": f"{sum(a.token_ids == r.token_ids for a, r in zip(got, ref))}/{b}"})
+    return out
+
+
+def hf_generate(model: Any, tok: Tok, xgr_compiled: list[Any], prompts: list[list[int]], batch: int,
+                max_tokens: int) -> dict:
     """``model.generate`` (eager, DynamicCache) with xgrammar's logits processor, greedy."""
     import xgrammar as xgr
 
-    rows = [bos + tok.encode(PROMPT.format(i=i, schema=json.dumps(xgr_compiled[i % len(xgr_compiled)][1])[:160]))
-            for i in range(batch)]
+    rows = prompts[:batch]
     width = max(map(len, rows))
     pad = tok.eos_token_ids[0]
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=model.device)
@@ -248,13 +320,13 @@ def hf_generate(model: Any, tok: Tok, xgr_compiled: list[Any], batch: int, max_t
             "step_ms": round(1e3 * wall / new.shape[1], 3)}
 
 
-def check_replay(model: Any, tok: Tok, schemas: list[dict], bos: list[int]) -> dict:
+def check_replay(model: Any, tok: Tok, schemas: list[dict], prompts: list[list[int]]) -> dict:
     """Replayed graphs vs the same steps run eagerly, and vs the eager backend (``EagerStep``):
     greedy token ids of 6 constrained + 2 unconstrained requests, 24 tokens."""
     import constrain
 
     compiled = [constrain.compile_json_schema(s["schema"], tok.vocab) for s in schemas]
-    reqs = make_requests(tok, schemas, compiled, 6, 24, bos) + make_requests(tok, schemas, [], 2, 24, bos)
+    reqs = make_requests(tok, prompts, compiled, 6, 24) + make_requests(tok, prompts[6:], [], 2, 24)
     outs = []
     for graphs in (torch.cuda.is_available(), False):
         step = GraphStep(GraphRunner(model, 8, 256, use_graphs=graphs), tok.vocab_size)
@@ -286,15 +358,19 @@ def physical_floor(model: Any) -> dict:
             "floor_ms": round(1e3 * nbytes / bw, 3)}
 
 
-def bench_model(name: str, model: Any, tok: Tok, schemas: list[dict], batches: list[int], modes: list[str],
-                max_tokens: int, hf: bool, emit) -> None:
-    """Every mode at every batch for one model; rows go to ``emit``."""
+def bench_model(name: str, loaded: LoadedModel, schemas: list[dict], batches: list[int], modes: list[str],
+                max_tokens: int, hf: bool, emit: Any) -> None:
+    """Every mode at every batch for one model, then ``Engine.run`` vs the bare loop; rows go to ``emit``."""
     import constrain
     from bench.engines import Constrain, LLGuidance, XGrammar
 
-    bos = [128000] if tok.name == "llama3" else []
+    model = loaded.model
+    engine = Engine(loaded, max_batch=max(batches), backend="graph" if torch.cuda.is_available() else "eager")
+    tok = engine_tok(engine)
+    prompts = prompt_ids(loaded, tok, schemas, max(batches + [8]))
+    emit({"model": name, "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))]})
     if name == "smollm2":
-        emit({"model": name, **check_replay(model, tok, schemas, bos)})
+        emit({"model": name, **check_replay(model, tok, schemas, prompts)})
     compiled = [constrain.compile_json_schema(s["schema"], tok.vocab) for s in schemas]
     anchors: dict[str, Any] = {}
     for mode in modes:
@@ -316,7 +392,7 @@ def bench_model(name: str, model: Any, tok: Tok, schemas: list[dict], batches: l
             eng.tok, eng.constrain = tok, constrain
             anchors[mode] = [eng.compile(s["schema"]) for s in schemas]
         emit({"model": name, "mode": mode, "setup_s": round(time.perf_counter() - t0, 2)})
-    need = max(len(r.prompt_ids) for r in make_requests(tok, schemas, [], max(batches), 1, bos)) + max(max_tokens, 8) + 1
+    need = max(map(len, prompts)) + max(max_tokens, 8) + 1
     runner = GraphRunner(model, max(batches), -(-need // 64) * 64)
     lengths = sorted({runner.length_bucket(n) for n in range(1, runner.max_len + 1)})
     for b in BATCH_BUCKETS:  # capture ahead of the timed runs: every bucket a run can reach
@@ -335,11 +411,11 @@ def bench_model(name: str, model: Any, tok: Tok, schemas: list[dict], batches: l
     # batch size (they are specialised on sizes: a first use at b=256 compiled inside a timed run).
     for m in scheds:
         for wb in sorted({4, *batches}):
-            reqs = make_requests(tok, schemas, [] if m == "none" else compiled, wb, 2, bos)
+            reqs = make_requests(tok, prompts, [] if m == "none" else compiled, wb, 2)
             run_cell(use(m), reqs, [anchors[m][i % len(schemas)].matcher() for i in range(wb)] if m in anchors else None)
     for b in batches:
         for m in modes:
-            reqs = make_requests(tok, schemas, [] if m == "none" else compiled, b, max_tokens, bos)
+            reqs = make_requests(tok, prompts, [] if m == "none" else compiled, b, max_tokens)
             matchers = [anchors[m][i % len(schemas)].matcher() for i in range(b)] if m in anchors else None
             cache = backend.cache
             before = (cache.misses, cache.expansions, cache.defaults)
@@ -354,14 +430,16 @@ def bench_model(name: str, model: Any, tok: Tok, schemas: list[dict], batches: l
             if m != "none":
                 # The same work unconstrained: every row emits exactly as many tokens as it did
                 # here, so both runs have the same live batch at every step.
-                same = make_requests(tok, schemas, [], b, max_tokens, bos)
+                same = make_requests(tok, prompts, [], b, max_tokens)
                 for r, n in zip(same, scheds[m].lengths):
                     r.max_tokens = n
                 base = run_cell(use("none"), same, None)
                 row["none_same_lengths_tok_per_s"] = base["tok_per_s"]
                 row["vs_none"] = round(row["tok_per_s"] / base["tok_per_s"], 3)
             emit(row)
-    del runner, backend, scheds
+    for row in engine_vs_loop(engine, backend, tok, prompts, schemas, batches, max_tokens):
+        emit({"model": name, **row})
+    del runner, backend, scheds, engine
     torch.cuda.empty_cache()
     if hf:
         import xgrammar as xgr
@@ -371,6 +449,6 @@ def bench_model(name: str, model: Any, tok: Tok, schemas: list[dict], batches: l
         comp = xgr.GrammarCompiler(info, max_threads=8)
         xc = [(comp.compile_json_schema(json.dumps(s["schema"]), any_whitespace=False, separators=(",", ":"),
                                         strict_mode=False), s["schema"]) for s in schemas]
-        hf_generate(model, tok, xc, 2, 4, bos)  # warm-up
+        hf_generate(model, tok, xc, prompts, 2, 4)  # warm-up
         for b in batches:
-            emit({"model": name, "mode": "hf_xgrammar", "batch": b, **hf_generate(model, tok, xc, b, max_tokens, bos)})
+            emit({"model": name, "mode": "hf_xgrammar", "batch": b, **hf_generate(model, tok, xc, prompts, b, max_tokens)})

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The H200 measurements of the one engine (BENCHMARKS.md, "Engine on the H200 (one scheduler)"),
+# one device call per step. Why a script: a call carries at most 64 MiB, so SmolLM2's 98 MB GGUF
+# travels in two halves (git-ignored .gguf/part1, .gguf/part2, split here with head -c / tail -c)
+# in two calls made back to back on the same warm machine; the first half waits in /tmp.
+#   here, once:  python3 bench/engine_gpu.py --prepare ../shared/data --data .bench_data
+#   call 1 (carry .whl .bench_data .gguf/part1):              bash bench/engine_h200.sh llama8b
+#   call 2 (carry .whl .bench_data .gguf/part2 .gguf/SHA256): bash bench/engine_h200.sh smollm2
+#   call 3 (carry .whl .bench_data):                          bash bench/engine_h200.sh extraction
+# .whl holds the packages the device image lacks (lark, jsonschema, gguf, xgrammar, llguidance...).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
+GGUF=/tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf
+OUT=${OUT:-/tmp/out}
+
+setup() {
+    if [ ! -d /tmp/site/xgrammar ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+        tar xzf .whl/llguidance-*-site.tgz -C /tmp/site
+    fi
+    # The folders install as one namespace (pyproject's wheel.packages); here links make it so.
+    for d in grammars engine kernels; do ln -sfn "../$d" "constrain/$d"; done
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+}
+
+suite() {  # $1: model name, rest: extra arguments
+    local name=$1
+    shift
+    python3 bench/engine_gpu.py --suite graph --models "$name" --data .bench_data --batches 1,16,64,256 \
+        --max-tokens 64 --out "$OUT/engine_$name.json" "$@" 2>&1 | tee "$OUT/engine_$name.log"
+}
+
+join_gguf() {
+    [ -f "$GGUF" ] && return
+    [ -f /tmp/gguf.part1 ] || { echo "no /tmp/gguf.part1: this is a fresh machine, run call 1 again first"; exit 3; }
+    mkdir -p "$(dirname "$GGUF")"
+    cat /tmp/gguf.part1 .gguf/part2 > "$GGUF.tmp"
+    [ "$(sha256sum < "$GGUF.tmp" | cut -d' ' -f1)" = "$(cut -d' ' -f1 .gguf/SHA256)" ] || { echo "sha256 mismatch"; exit 4; }
+    mv "$GGUF.tmp" "$GGUF"
+    echo "joined $GGUF, sha256 ok"
+}
+
+set -o pipefail
+setup
+case "${1:-}" in
+    llama8b)
+        cp .gguf/part1 /tmp/gguf.part1
+        suite llama8b ;;
+    smollm2)
+        join_gguf
+        suite smollm2 --model "$GGUF" ;;
+    extraction)
+        join_gguf
+        # bench.extraction reads the corpus from ../shared/data beside the checkout.
+        mkdir -p ../shared && ln -sfn "$PWD/.bench_data/shared_data" ../shared/data
+        python3 -m bench.extraction --device cuda --model "$GGUF" --limit 100 --batch-size 100 \
+            --jsonl "$OUT/extraction.jsonl" 2>&1 | tee "$OUT/extraction.log" ;;
+    *)
+        echo "usage: $0 llama8b|smollm2|extraction"; exit 2 ;;
+esac
