@@ -63,7 +63,7 @@ class _Unordered(NamedTuple):
     last: int
     lo: int
     hi: int | None
-    item_mins: list[float]  # shortest lengths (lower bounds, as for rules)
+    item_mins: list[float]  # shortest lengths (exact, as for rules)
     part_mins: tuple[float, float, float, float]  # extra, first, sep, last
 
 
@@ -365,9 +365,8 @@ class ExprTable:
         Lets grammars share work on identical pieces (every JSON string body, number, key set
         of every schema compiled for one vocabulary), as DESIGN.md asks of common terminals.
         """
-        got = self._sigs.get(e, _UNSEEN)
-        if got is not _UNSEEN:
-            return got
+        if e in self._sigs:
+            return self._sigs[e]
         k, a = self._kind[e], self._args[e]
         if k in (K_REF, K_UNORDERED):
             out = None
@@ -570,9 +569,11 @@ class ExprTable:
             elif isinstance(node, ir.Unordered):
                 parts = (node.extra, node.first, node.sep, node.last)
                 size = MinLength(self._rule_min, self._exact_min)
+                extra, first, sep, last = (self._convert(p) for p in parts)
+                part_mins = (size(node.extra), size(node.first), size(node.sep), size(node.last))
                 self._unordered.append(_Unordered(
-                    tuple(self._convert(i) for i in node.items), node.required_mask(), *[self._convert(p) for p in parts],
-                    node.min, node.max, [size(i) for i in node.items], tuple(size(p) for p in parts)))
+                    tuple(self._convert(i) for i in node.items), node.required_mask(), extra, first, sep, last,
+                    node.min, node.max, [size(i) for i in node.items], part_mins))
                 out = self._mk_unordered(len(self._unordered) - 1, 0, 0)
             elif isinstance(node, ir.Ref):
                 rule = self._rule_ids.get(node.name)
@@ -913,9 +914,6 @@ class ExprTable:
         nullable = np.zeros(new_cap, dtype=bool)
         nullable[:cap] = self.row_nullable
         self.rows, self.row_nullable, self.row_done = rows, nullable, done
-
-
-_UNSEEN = object()
 
 
 def byte_flags(mask: int) -> np.ndarray:
