@@ -230,3 +230,41 @@ def test_idn_hostname_agrees_with_idna_or_admits_less() -> None:
     assert {"example.com", "Example.COM", "a-b.c", "a--b.org", "bücher.de", "straße.de", "日本.jp", "é.fr",
             "a" * 63 + ".com"} <= accepted
     assert random_walks(compiled, schema, walks=6, steps=60)
+
+
+# ---------------------------------------------------------------------- defect 6: repeated keys
+
+
+@pytest.mark.parametrize(("schema", "repeated"), [
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "not": {"maxProperties": 1}},
+     [b'{"x":-4,"x":1}', b'{"a":1,"a":2}']),
+    ({"type": "object", "properties": {"a": {}, "b": {}}, "patternProperties": {"^x": {"type": "integer"}},
+      "additionalProperties": False, "minProperties": 3},
+     [b'{"a":1,"x":-4,"x":1}', b'{"a":1,"x1":1,"x1":2}', b'{"x1":1,"x1":2,"x2":3}']),
+])
+def test_repeated_undeclared_keys_do_not_count_twice(schema: dict, repeated: list[bytes]) -> None:
+    compiled = agree(schema, [{"a": 1, "b": 2}, {"x": 1}, {"a": 1}, {"a": 2, "x": 1}, {"a": 1, "b": 2, "x": 3},
+                              {"a": 1, "b": 1, "x1": 1, "x2": 2}])
+    for text in repeated:
+        assert not oracle(schema).is_valid(json.loads(text)) and not accepts(compiled, text), text
+    random_walks(compiled, schema, walks=6, steps=40)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "patternProperties": {"^x$": {"type": "integer"}}, "additionalProperties": False,
+     "minProperties": 2},
+    {"type": "object", "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False,
+     "minProperties": 2},
+    {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2},
+    {"type": "object", "properties": {"a": {}}, "not": {"maxProperties": 2}},
+])
+def test_min_properties_met_only_by_repeatable_keys_is_refused(schema: dict) -> None:
+    with pytest.raises(SchemaError, match=r"cannot enforce minProperties \d: .* their keys may repeat .* at #"):
+        json_schema_to_grammar(schema)
+
+
+def test_one_additional_member_still_counts_toward_min_properties() -> None:
+    schema = {"type": "object", "properties": {"a": {}, "b": {}}, "additionalProperties": {"type": "integer"},
+              "minProperties": 2}
+    notes = agree(schema, [{"a": 1, "b": 2}, {"a": 1, "x": 2}, {"b": 1, "x": 2}, {"x": 1}, {"a": 1}]).grammar.notes
+    assert any("additional members count once toward minProperties" in n for n in notes), notes

@@ -102,7 +102,7 @@ OBJECT_SCHEMAS = [
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"}},
      "required": ["a", "c"]},
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
-     "additionalProperties": {"type": "integer"}, "minProperties": 2, "maxProperties": 3},
+     "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 3},
     {"type": "object", "properties": {"a": {"type": "integer"}}, "patternProperties": {"^x": {"type": "string"}},
      "additionalProperties": False, "minProperties": 1},
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},

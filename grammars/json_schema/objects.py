@@ -78,13 +78,22 @@ def object_ir(t: Translator, sh: Shape) -> Node:
         members.append((k, subs, seq(string_literal(k), t.colon, value), k in required))
     extra = NOTHING if finite is not None else _additional_member(t, sh, list(order))
     witnesses = sh.witnesses
-    if t.options.property_order == "any" and not witnesses:
+    # Additional members may repeat a key, and a repeated key is one property: counted as members
+    # they could meet minProperties with fewer properties. In declaration order they come last and
+    # count at most once.
+    recounted = sh.min_props > 1 and extra != NOTHING
+    if t.options.property_order == "any" and not witnesses and not recounted:
         body = unordered([(member, req) for _, _, member, req in members], extra,
                          first=t.first, sep=t.comma, last=t.last, min=sh.min_props, max=sh.max_props)
         return _braces(t, body)
     if t.options.property_order == "any":
-        t.note(f"{sh.pointer}: members come in declaration order here (an additional member must witness "
-               "a negated schema)")
+        why = ("an additional member must witness a negated schema" if witnesses else
+               "additional members count once toward minProperties, since they may repeat a key")
+        t.note(f"{sh.pointer}: members come in declaration order here ({why})")
+    if recounted and len(members) < sh.min_props - 1:
+        raise SchemaError(f"cannot enforce minProperties {sh.min_props}: with {len(members)} declared properties it "
+                          "needs several additional ones, and their keys may repeat (one property, not several)",
+                          sh.pointer, "minProperties")
     if len(witnesses) > MAX_WITNESSES:
         raise SchemaError(f"more than {MAX_WITNESSES} negated additionalProperties/patternProperties apply here",
                           sh.pointer, "not")
@@ -202,6 +211,8 @@ def _members(t: Translator, sh: Shape, members: list[tuple[str, list[Sub], Node,
             return NOTHING
         if extra == NOTHING:
             return (t.last if c > 0 else EMPTY) if need == 0 else NOTHING
+        if need > 1:  # additional keys may repeat: all of them together count as one property
+            return NOTHING
         more = seq(t.comma, extra)
         if c > 0:
             return seq(repeat(more, need, room), t.last)
