@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 import constrain
 from constrain import _core
 from constrain.automaton import TokenAutomaton
+from constrain.testing.corpus import DEFAULT_DATA
 from constrain.token_trie import TokenTrie
 from constrain.tokenizers import llama3, tekken
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
+DATA = DEFAULT_DATA / "jsonschemabench"
 ALPHABET = b'ab"{}\\\xc3\xa9'
 
 
