@@ -268,3 +268,15 @@ def test_one_additional_member_still_counts_toward_min_properties() -> None:
               "minProperties": 2}
     notes = agree(schema, [{"a": 1, "b": 2}, {"a": 1, "x": 2}, {"b": 1, "x": 2}, {"x": 1}, {"a": 1}]).grammar.notes
     assert any("additional members count once toward minProperties" in n for n in notes), notes
+
+
+# ---------------------------------------------------------------------- issue 10: typed errors
+
+
+def test_too_many_alternatives_is_a_typed_schema_error() -> None:
+    from constrain.grammars.json_schema.normalize import MAX_ALTERNATIVES, TooManyAlternatives
+
+    branches = [{"anyOf": [{"const": f"{i}-{j}"} for j in range(2)]} for i in range(10)]
+    with pytest.raises(TooManyAlternatives, match=f"more than {MAX_ALTERNATIVES} alternatives") as info:
+        json_schema_to_grammar({"allOf": branches})
+    assert isinstance(info.value, SchemaError)

@@ -31,7 +31,7 @@ from constrain.grammars.json_schema.shapes import (
     tighter_lo,
 )
 
-__all__ = ["Normalizer", "CannotNegate"]
+__all__ = ["Normalizer", "CannotNegate", "TooManyAlternatives"]
 
 MAX_ALTERNATIVES = 512
 MAX_DEPTH = 96
@@ -41,6 +41,11 @@ UNSUPPORTED = ("$recursiveRef",)
 
 class CannotNegate(Exception):
     """``not`` of this shape has no structural form."""
+
+
+class TooManyAlternatives(SchemaError):
+    """Combining applicators here yields more than ``MAX_ALTERNATIVES`` shapes (``oneOf`` then
+    retries with narrower negations)."""
 
 
 def _num(sub: Sub, kw: str) -> Decimal:
@@ -206,8 +211,8 @@ class Normalizer:
                 else:
                     out.append(m)
                     if len(out) > MAX_ALTERNATIVES:
-                        raise SchemaError(f"combining anyOf/oneOf/allOf here yields more than {MAX_ALTERNATIVES} "
-                                          "alternatives", sub.pointer)
+                        raise TooManyAlternatives(f"combining anyOf/oneOf/allOf here yields more than "
+                                                  f"{MAX_ALTERNATIVES} alternatives", sub.pointer)
         if not out and reasons:
             self.last_unsat = (reasons[0], sub.pointer)
         return out
@@ -527,9 +532,8 @@ class Normalizer:
         """
         try:
             return self._one_of(branches, sub, narrow=False)
-        except SchemaError as exc:
-            if "alternatives" not in str(exc):
-                raise
+        except TooManyAlternatives:
+            pass
         self._narrowed = False
         out = self._one_of(branches, sub, narrow=True)
         if self._narrowed:
