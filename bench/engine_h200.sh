@@ -6,7 +6,8 @@
 #   here, once:  python3 bench/engine_gpu.py --prepare ../shared/data --data .bench_data
 #   call 1 (carry .whl .bench_data .gguf/part1):              bash bench/engine_h200.sh llama8b
 #   call 2 (carry .whl .bench_data .gguf/part2 .gguf/SHA256): bash bench/engine_h200.sh smollm2
-#   call 3 (carry .whl .bench_data):                          bash bench/engine_h200.sh extraction
+#   call 3 (carry .whl .bench_data/shared_data .gguf/part2 .gguf/SHA256): bash bench/engine_h200.sh extraction
+#   (on a fresh machine, stage part 1 first: carry .whl .gguf/part1, bash bench/engine_h200.sh stage)
 # .whl holds the packages the device image lacks (lark, jsonschema, gguf, xgrammar, llguidance...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +61,8 @@ join_gguf() {
 set -o pipefail
 setup
 case "${1:-}" in
+    stage)
+        cp .gguf/part1 /tmp/gguf.part1 ;;
     llama8b)
         cp .gguf/part1 /tmp/gguf.part1
         suite llama8b ;;
@@ -73,5 +76,5 @@ case "${1:-}" in
         python3 -m bench.extraction --device cuda --model "$GGUF" --limit 100 --batch-size 100 \
             --jsonl "$OUT/extraction.jsonl" 2>&1 | tee "$OUT/extraction.log" ;;
     *)
-        echo "usage: $0 llama8b|smollm2|extraction"; exit 2 ;;
+        echo "usage: $0 stage|llama8b|smollm2|extraction"; exit 2 ;;
 esac
