@@ -130,9 +130,9 @@ def configurations() -> dict[str, dict[str, Any]]:
     from constrain.engine.constraints import JSON_SCHEMA_SEMANTICS
 
     return {
-        "unconstrained": {},
         "constrain, defaults": {"json_options": None},
         "constrain, full semantics": {"json_options": dict(JSON_SCHEMA_SEMANTICS)},
+        "unconstrained": {},
     }
 
 
@@ -154,6 +154,31 @@ ANCHORS: dict[str, type[Any]] = {
     "xgrammar, strict_mode=True": StrictXGrammar,
     "llguidance": LLGuidance,
 }
+
+
+def compiles(engine: Any, item: Item, configs: dict[str, dict[str, Any]]) -> bool:
+    from constrain.engine.constraints import Constraint
+    from constrain.grammars.errors import GrammarError
+
+    try:
+        for kw in configs.values():
+            if "json_options" in kw:
+                engine.compile(Constraint.from_args(item.schema, json_options=kw["json_options"]))
+    except GrammarError:
+        return False
+    return True
+
+
+def run(engine: Any, items: list[Item], kwargs: dict[str, Any], max_tokens: int) -> tuple[list[dict[str, Any]], float]:
+    from constrain.engine.api import Request
+
+    reqs = [Request(it.prompt, json_schema=it.schema if "json_options" in kwargs else None,
+                    json_options=kwargs.get("json_options"), max_tokens=max_tokens) for it in items]
+    t0 = time.perf_counter()
+    results = engine.run(reqs)
+    elapsed = time.perf_counter() - t0
+    tokens = sum(len(r.token_ids) for r in results)
+    return [score(it, r.text, r.finish_reason) for it, r in zip(items, results)], tokens / elapsed
 
 
 def anchor_tok(engine: Any) -> Tok:
@@ -199,17 +224,17 @@ def run_anchor(engine: Any, items: list[Item], adapter: Any, max_tokens: int) ->
     return rows, tokens / elapsed
 
 
-def table(rows_by_config: dict[str, tuple[list[dict[str, Any]], float]]) -> str:
-    lines = ["| configuration | finished | parsed | schema-valid | fields right | exact objects | invented keys "
-             "| tokens/s |", "|---|--:|--:|--:|--:|--:|--:|--:|"]
-    for name, (rows, tps) in rows_by_config.items():
-        def count(key: str) -> int:
-            return sum(1 for r in rows if r[key])
-        fields = sum(r["fields"] for r in rows)
-        right = 100 * sum(r["right"] for r in rows) / max(fields, 1)
-        lines.append(f"| {name} | {count('finished')} | {count('parsed')} | {count('valid')} | {right:.1f}% "
-                     f"| {count('exact')} | {count('invented')} | {tps:.0f} |")
-    return "\n".join(lines)
+HEADER = ("| configuration | finished | parsed | schema-valid | fields right | exact objects | invented keys "
+          "| tokens/s |\n|---|--:|--:|--:|--:|--:|--:|--:|")
+
+
+def table_row(name: str, rows: list[dict[str, Any]], tps: float) -> str:
+    def count(key: str) -> int:
+        return sum(1 for r in rows if r[key])
+
+    right = 100 * sum(r["right"] for r in rows) / max(sum(r["fields"] for r in rows), 1)
+    return (f"| {name} | {count('finished')} | {count('parsed')} | {count('valid')} | {right:.1f}% "
+            f"| {count('exact')} | {count('invented')} | {tps:.0f} |")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -222,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--anchors", action=argparse.BooleanOptionalAction, default=True,
                    help="also xgrammar (strict and not) and llguidance, through the same scheduler")
-    p.add_argument("--jsonl", default=None, help="write every item's row here")
+    p.add_argument("--jsonl", default=None, help="append every item's row here")
     args = p.parse_args(argv)
 
     from constrain.engine.api import Engine
@@ -240,17 +265,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             skipped += 1
     print(f"{len(items)} items ({skipped} candidates left out: constrain cannot compile their schema); model {engine.loaded.name} on {args.device} ({engine.backend}), greedy, "
           f"max_tokens {args.max_tokens}", file=sys.stderr)
-    results = {name: run(engine, items, kw, args.max_tokens) for name, kw in configs.items()}
+    runs: list[tuple[str, Any]] = [(name, lambda kw=kw: run(engine, items, kw, args.max_tokens))
+                                   for name, kw in configs.items()]
     if args.anchors:
         tok = anchor_tok(engine)
-        for name, cls in ANCHORS.items():
-            results[name] = run_anchor(engine, items, cls(tok), args.max_tokens)
-    print(table(results))
-    if args.jsonl:
-        with open(args.jsonl, "w", encoding="utf-8") as f:
-            for name, (rows, _) in results.items():
-                for row in rows:
-                    f.write(json.dumps({"configuration": name, **row}) + "\n")
+        runs += [(name, lambda cls=cls: run_anchor(engine, items, cls(tok), args.max_tokens))
+                 for name, cls in ANCHORS.items()]
+    print(HEADER, flush=True)
+    for name, go in runs:  # each row as soon as it is measured: a slow slice still reports
+        rows, tps = go()
+        print(table_row(name, rows, tps), flush=True)
+        if args.jsonl:
+            with open(args.jsonl, "a", encoding="utf-8") as f:
+                f.writelines(json.dumps({"configuration": name, **row}) + "\n" for row in rows)
     return 0
 
 
