@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from functools import cache
+from functools import cache, partial
 from importlib import resources
 from typing import Any
 
@@ -46,7 +46,11 @@ def builtin_grammar(name: str, start: str = "start") -> ir.Grammar:
     return lark_to_grammar(load(name), start=start)
 
 
-def tool_call_grammar(tools: Mapping[str, Mapping[str, Any] | bool], **schema_options: Any) -> ir.Grammar:
+def _prefixed(prefix: str, name: str) -> ir.Node:
+    return ir.ref(prefix + name)
+
+
+def tool_call_grammar(tools: Mapping[str, dict[str, Any] | bool], **schema_options: Any) -> ir.Grammar:
     """``{"name": N, "arguments": A}`` where N is one of ``tools`` and A satisfies N's JSON Schema.
 
     ``tools`` maps tool names to JSON Schemas of their arguments. Each schema is compiled with
@@ -70,7 +74,7 @@ def tool_call_grammar(tools: Mapping[str, Mapping[str, Any] | bool], **schema_op
             raise GrammarError(f"tool names must be non-empty strings, got {tool!r}")
         sub = json_schema_to_grammar(schema, **schema_options)
         prefix = f"tool{i}:"
-        rename = RefMapper(lambda n, p=prefix: ir.ref(p + n))
+        rename = RefMapper(partial(_prefixed, prefix))
         for name, body in sub.rules.items():
             rules[prefix + name] = rename(body)
         notes += [f"tool {tool!r}: {note}" for note in sub.notes]

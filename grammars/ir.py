@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from typing import ClassVar
 
 __all__ = [
     "Node", "Bytes", "Seq", "Alt", "And", "Not", "Repeat", "Ref", "Unordered", "Grammar",
@@ -36,6 +37,10 @@ class Node:
     """
 
     __slots__ = ()
+    # Declared for the type checker; each node class defines them (dataclass fields and match args).
+    _hash: int | None
+    _min_length: float | None
+    __match_args__: ClassVar[tuple[str, ...]]
 
     @property
     def cached_min_length(self) -> float | None:

@@ -53,8 +53,9 @@ def load(text: str, import_paths: Sequence[str]) -> LoadedGrammar:
     builder = _lg.GrammarBuilder(import_paths=list(import_paths))
     builder.load_grammar(text, "<string>")
     grammar = builder.build()
-    rules = [(str(name), tuple(str(p) for p in params), tree) for name, params, tree, _options in grammar.rule_defs]
-    terminals = [(str(name), tree) for name, (tree, _priority) in grammar.term_defs]
+    rules: list[tuple[str, tuple[str, ...], Tree | None]] = [
+        (str(name), tuple(str(p) for p in params), tree) for name, params, tree, _options in grammar.rule_defs]
+    terminals: list[tuple[str, Tree | None]] = [(str(name), tree) for name, (tree, _priority) in grammar.term_defs]
     return LoadedGrammar(rules, terminals, [str(name) for name in grammar.ignore])
 
 

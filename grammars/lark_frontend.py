@@ -1,9 +1,12 @@
 """Lark grammar text -> the grammar IR.
 
-The split mirrors lark's own: lark's grammar loader (``lark.load_grammar.GrammarBuilder``) parses
-the text, resolves ``%import`` (lark's bundled ``common.lark`` and our built-ins in this folder),
-``%override``/``%extend``, and validates names; this module only turns the resulting EBNF trees
-into IR. Nothing here parses grammar text itself.
+The split mirrors lark's own: lark's grammar loader (through ``grammars.lark_adapter``, the one
+module that uses lark's internals) parses the text, resolves ``%import`` (lark's bundled
+``common.lark`` and our built-ins in this folder), ``%override``/``%extend``, and validates names;
+this module only turns the resulting EBNF trees into IR. Nothing here parses grammar text itself.
+Rules are converted from a work queue, never by recursing from one rule into another, so chains
+of thousands of rules cost no stack; parentheses inside one rule nest at most ``MAX_NESTING`` deep.
+A terminal, named or inline, that matches the empty string is refused, as lark refuses it.
 
 What is accepted: rules and terminals, ``?rule``/``_rule``/``!rule`` (tree shaping only: same
 language), aliases and priorities (ignored: they shape trees, not languages), ``|``, ``*``, ``+``,
@@ -48,7 +51,7 @@ import re
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn, cast
 
 from lark import Token, Tree
 from lark.exceptions import GrammarError as _LarkError
@@ -144,15 +147,17 @@ class _Lines:
                 head = body.children[1]
             elif body.data == "term":
                 head = body.children[0]
-            for tok in stmt.scan_values(lambda v: isinstance(v, Token) and v.type in ("RULE", "TERMINAL")):
+            names = stmt.scan_values(lambda v: isinstance(v, Token) and v.type in ("RULE", "TERMINAL"))
+            for tok in cast("list[Token]", list(names)):
+                line = tok.line or 0  # set on every token lark's parser makes
                 if tok is head:
-                    self.defs.setdefault(tok.value, []).append(tok.line)
+                    self.defs.setdefault(tok.value, []).append(line)
                 elif stmt.data == "declare":
-                    self.declares.setdefault(tok.value, tok.line)
+                    self.declares.setdefault(tok.value, line)
                 elif stmt.data == "import":
-                    self.imports.setdefault(tok.value, tok.line)
+                    self.imports.setdefault(tok.value, line)
                 else:
-                    self.uses.setdefault(tok.value, []).append(tok.line)
+                    self.uses.setdefault(tok.value, []).append(line)
 
     def definition(self, name: str) -> int | None:
         lines = self.defs.get(name)
@@ -171,8 +176,9 @@ class _Lines:
         if not names:
             return None
         name = names[0]
+        lines: list[int] | None
         if "more than once" in message:
-            lines = self.defs.get(name, [])
+            lines = self.defs.get(name)
             return lines[-1] if lines else None
         if "not defined" in message or "arguments" in message:
             lines = self.uses.get(name) or self.defs.get(name)
@@ -308,7 +314,7 @@ class _Converter:
     def _expr(self, t, env: dict[str, Node], owner: str, terminal: bool = False) -> Node:
         if not isinstance(t, Tree):
             return self._symbol(t, env, owner, terminal)
-        d, kids = t.data, t.children
+        d, kids = t.data, cast("list[Any]", t.children)  # lark trees are untyped
         if d == "expansions":
             if self.nesting > MAX_NESTING:
                 raise LarkGrammarError(f"{owner} nests parentheses more than {MAX_NESTING} deep",
@@ -319,10 +325,10 @@ class _Converter:
             finally:
                 self.nesting -= 1
         if d == "expansion":
-            if terminal and _is_escaped_string(kids):
-                quote = re.escape(unescape(_literal_text(kids[0])[1:-1]))
-                return seq(ir.literal(quote[-1]), regex_to_ir(fr"([^{quote}\\\n]|\\[^\n])*"),
-                           ir.literal(quote[-1]))
+            char = _escaped_string_quote(kids) if terminal else None
+            if char is not None:
+                quote = re.escape(char)
+                return seq(ir.literal(char), regex_to_ir(fr"([^{quote}\\\n]|\\[^\n])*"), ir.literal(char))
             return seq(*(self._expr(k, env, owner, terminal) for k in kids))
         if d == "alias":
             return self._expr(kids[0], env, owner, terminal)
@@ -454,19 +460,23 @@ def _literal_text(tree) -> str | None:
     return None
 
 
-def _is_escaped_string(kids: list) -> bool:
+def _escaped_string_quote(kids: list[Any]) -> str | None:
+    """The quote character if ``kids`` spell common.lark's ESCAPED_STRING idiom."""
     if len(kids) != 3:
-        return False
+        return None
     quote = _literal_text(kids[0])
     if quote is None or quote != _literal_text(kids[2]) or not quote.startswith('"'):
-        return False
-    if len(unescape(quote[1:-1])) != 1:
-        return False
+        return None
+    char = unescape(quote[1:-1])
+    if len(char) != 1:
+        return None
     middle = kids[1]
     while isinstance(middle, Tree) and middle.data != "expansion" and len(middle.children) == 1:
         middle = middle.children[0]
-    return (isinstance(middle, Tree) and middle.data == "expansion"
-            and tuple(_literal_text(k) for k in middle.children) == _STRING_INNER)
+    if isinstance(middle, Tree) and middle.data == "expansion" \
+            and tuple(_literal_text(k) for k in middle.children) == _STRING_INNER:
+        return char
+    return None
 
 
 def _quantifier_kinds(source: str) -> set[str]:

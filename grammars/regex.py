@@ -109,8 +109,9 @@ class _Builder:
             if isinstance(item, Group) and isinstance(item.item, Alternation) and _has_look(item.item):
                 budget[0] -= len(item.item.items)
                 if budget[0] < 0:
+                    look = _first_look(item.item)
                     raise RegexError("lookahead or anchor inside alternatives: too many combinations to expand",
-                                     self.pattern, _first_look(item.item).pos)
+                                     self.pattern, None if look is None else look.pos)
                 later = items[k + 1:]
                 now = None if head is None else seq(*done)
                 branches = [self.sequence([b, *later], tail, budget, now, after) for b in item.item.items]
@@ -139,10 +140,12 @@ class _Builder:
         for branch in tree.items if isinstance(tree, Alternation) else (tree,):
             items = list(branch.items) if isinstance(branch, Concat) else [branch]
             lo, hi = left, right
-            while items and isinstance(items[0], Anchor) and items[0].side == "start":
-                lo = _stricter(lo, items.pop(0).mode)
-            while items and isinstance(items[-1], Anchor) and items[-1].side == "end":
-                hi = _stricter(hi, items.pop().mode)
+            while items and isinstance(first := items[0], Anchor) and first.side == "start":
+                lo = _stricter(lo, first.mode)
+                items.pop(0)
+            while items and isinstance(last := items[-1], Anchor) and last.side == "end":
+                hi = _stricter(hi, last.mode)
+                items.pop()
             if len(items) == 1 and isinstance(items[0], Group):
                 out += self.alternatives(items[0].item, lo, hi)
             else:

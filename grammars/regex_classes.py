@@ -88,7 +88,7 @@ except ImportError:  # pragma: no cover - other interpreters
         return ch.lower() != ch or ch.upper() != ch
 
 try:
-    from re._casefix import _EXTRA_CASES as _EXTRA  # type: ignore[import-not-found]
+    from re._casefix import _EXTRA_CASES as _EXTRA
 except ImportError:  # pragma: no cover - older/other interpreters
     _EXTRA = {}
 
@@ -119,15 +119,15 @@ def fold_python(ranges: Ranges) -> Ranges:
 
 @functools.lru_cache(maxsize=4096)
 def _fold_python(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
-    ranges = list(ranges)
+    given = list(ranges)
     cps, lows, moved = _cased()
     lowered: set[int] = set()
     for cp, low in zip(cps, lows):
-        if _contains(ranges, cp):
+        if _contains(given, cp):
             lowered.add(low)
             lowered.update(_EXTRA.get(low, ()))
     # L: the set with each character replaced by its lowercase (uncased ones stay put).
-    members = normalize(subtract(ranges, moved) + [(c, c) for c in lowered])
+    members = normalize(subtract(given, moved) + [(c, c) for c in lowered])
     # Result: members of L that are their own lowercase, plus characters lowering into L.
     extra = [(cp, cp) for cp, low in zip(cps, lows) if low != cp and _contains(members, low)]
     return tuple(normalize(subtract(members, moved) + extra))

@@ -35,6 +35,7 @@ from constrain.grammars.unicode import MAX_CODE_POINT, Ranges, negate, normalize
 __all__ = ["Chars", "Concat", "Alternation", "Group", "Quant", "Anchor", "Look", "Ast", "parse", "MAX_REPEAT", "MAX_NESTING"]
 
 Dialect = Literal["python", "ecma"]
+AnchorMode = Literal["strict", "final_newline", "multiline"]
 
 #: Largest repetition count accepted (``Repeat`` keeps counts symbolic, but the compiler's
 #: automata still grow with them).
@@ -86,7 +87,7 @@ class Anchor:
     """
 
     side: Literal["start", "end"]
-    mode: Literal["strict", "final_newline", "multiline"]
+    mode: AnchorMode
     text: str
     pos: int
 
@@ -298,7 +299,7 @@ class _Parser:
         if ch == "^":
             return Anchor("start", "multiline" if self.flags.multiline else "strict", ch, start)
         if ch == "$":
-            mode = "strict" if self.ecma else ("multiline" if self.flags.multiline else "final_newline")
+            mode: AnchorMode = "strict" if self.ecma else ("multiline" if self.flags.multiline else "final_newline")
             return Anchor("end", mode, ch, start)
         if ch == "\\":
             return self.escape(start)

@@ -11,10 +11,13 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
 import lark
 import pytest
 
+import constrain
+from constrain import Vocabulary
 from constrain.derivatives import matches
 from constrain.grammars.errors import LarkGrammarError, RegexError
 from constrain.grammars.lark_frontend import MAX_NESTING as LARK_NESTING
@@ -188,4 +191,29 @@ def test_start_anchor_with_nothing_before_it_names_what_it_follows(pattern: str,
                                                                    position: int) -> None:
     with pytest.raises(RegexError, match=re.escape(message)) as info:
         regex_to_ir(pattern)
+    assert info.value.position == position
+
+
+# ----------------------------------------------- what the README promises about regexes
+
+def test_lookaheads_compile_and_follow_re_on_a_real_tokenizer(vocab_by_name: Callable[[str], Vocabulary]) -> None:
+    vocab = vocab_by_name("llama3")
+    grammar = constrain.compile_regex("foo(?!bar)[a-z]{3}", vocab)
+    for text in ["foobaz", "foobar", "fooqux", "foo"]:
+        matcher = grammar.matcher()
+        ok = matcher.accept_bytes(text.encode()) and matcher.accept_token(vocab.eos_token_ids[0])
+        assert ok == bool(re.fullmatch("foo(?!bar)[a-z]{3}", text)), text
+
+
+@pytest.mark.parametrize("pattern, feature, position", [
+    ("ab(?<=b)c", "lookbehind (?<=...)", 2),
+    ("a(?<!x)", "negative lookbehind (?<!...)", 1),
+    ("(a)b\\1", "backreferences (\\1)", 4),
+    ("(?P<x>a)(?P=x)", "backreferences (?P=name)", 8),
+])
+def test_lookbehind_and_backreferences_are_refused_with_the_position(pattern: str, feature: str,
+                                                                     position: int) -> None:
+    with pytest.raises(RegexError) as info:
+        constrain.compile_regex(pattern, Vocabulary.from_token_bytes([b"a", None], eos_token_ids=[1]))
+    assert str(info.value).startswith(feature) and f"supported at position {position} in pattern" in str(info.value)
     assert info.value.position == position
