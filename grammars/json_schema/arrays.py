@@ -55,8 +55,8 @@ def array_ir(t: Translator, sh: Shape) -> Node:
             extra_conj.append(t.doc.negation(c.sub))
     position_subs: list[list[Sub]] = []
     for i in range(width):
-        subs = [a.prefix[i] if i < len(a.prefix) else a.items for a in sh.arrays]
-        position_subs.append([s for s in subs if s is not None] + extra_conj)
+        declared = [a.prefix[i] if i < len(a.prefix) else a.items for a in sh.arrays]
+        position_subs.append([s for s in declared if s is not None] + extra_conj)
     rest_subs = [a.items for a in sh.arrays if a.items is not None] + extra_conj
     for i, subs in enumerate(position_subs):
         if any(s.schema is False for s in subs):
@@ -157,8 +157,8 @@ def _unique(t: Translator, sh: Shape, position_subs: list[list[Sub]], rest_subs:
             for j in range(i + 1, len(positions)):
                 if finite[i] is not None and finite[j] is not None:
                     continue
-                a = shapes[i] if shapes[i] is not None else t.shapes_of(positions[i])
-                b = shapes[j] if shapes[j] is not None else t.shapes_of(positions[j])
+                a = shapes[i] or t.shapes_of(positions[i])
+                b = shapes[j] or t.shapes_of(positions[j])
                 if any(t.norm.overlap(x, y) for x in a for y in b):
                     why = f"items {i} and {j} may be equal and are not a small finite set of values"
                     break
@@ -200,8 +200,9 @@ def _unique_automaton(t: Translator, where: str, positions: list[list[Sub]], fin
         sep = t.comma if pos or mask else EMPTY  # something came before
         nxt_pos = min(pos + 1, last)
         if pos <= last:
-            steps = ([(t.any_value(), mask)] if allowed[pos] is None else
-                     [(spell[i], mask | 1 << i) for i in allowed[pos] if not mask >> i & 1])
+            values_here = allowed[pos]
+            steps = ([(t.any_value(), mask)] if values_here is None else
+                     [(spell[i], mask | 1 << i) for i in values_here if not mask >> i & 1])
             for elem, nxt_mask in steps:
                 nxt = (nxt_pos if pos < last else last + 1 if allowed[pos] is None else last, nxt_mask)
                 if nxt not in seen:

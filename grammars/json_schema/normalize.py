@@ -200,14 +200,14 @@ class Normalizer:
 
     def _product(self, left: list[Shape], right: list[Shape], sub: Sub) -> list[Shape]:
         out: list[Shape] = []
-        reasons = []
+        reasons: list[str] = []
         for a in left:
             for b in right:
                 m = a.merge(b)
                 if not m.empty and "object" in m.types and len(m.objects) > 1:
                     m = self._prune_object(m)
                 if m.empty:
-                    reasons.append(m.unsat)
+                    reasons.append(m.unsat or "no value satisfies every subschema")
                 else:
                     out.append(m)
                     if len(out) > MAX_ALTERNATIVES:
@@ -488,13 +488,13 @@ class Normalizer:
             if part.names is not None and relevant("object"):
                 raise CannotNegate("'propertyNames'")
             # not (every other member satisfies X) = some member violates X
-            pats = tuple(pat for pat, _ in part.patterns)
+            pats = tuple(key_pattern for key_pattern, _ in part.patterns)
             if part.additional is not None and part.additional.schema not in (True, {}):
                 w = Witness(tuple(n for n, _ in part.properties), pats, None, self.doc.negation(part.additional))
                 violation({"object"}, witnesses=(w,))
-            for pat, psub in part.patterns:
+            for key_pattern, psub in part.patterns:
                 if psub.schema not in (True, {}):
-                    violation({"object"}, witnesses=(Witness((), (), pat, self.doc.negation(psub)),))
+                    violation({"object"}, witnesses=(Witness((), (), key_pattern, self.doc.negation(psub)),))
         if s.min_items:
             violation({"array"}, max_items=s.min_items - 1)
         if s.max_items is not None:
@@ -504,18 +504,18 @@ class Normalizer:
                 raise CannotNegate("'minContains'/'maxContains'")
             neg = self.doc.negation(c.sub)
             violation({"array"}, arrays=(ArrayPart(items=neg, annotates=False),))
-        for part in s.arrays:
+        for arr in s.arrays:
             # not (item i is X_i) = there is an item i and it is not X_i
             true = Sub(True, "", p)
-            for i, x in enumerate(part.prefix):
-                if x.schema not in (True, {}):
-                    violation({"array"}, arrays=(ArrayPart((true,) * i + (self.doc.negation(x),), annotates=False),),
+            for i, item in enumerate(arr.prefix):
+                if item.schema not in (True, {}):
+                    violation({"array"}, arrays=(ArrayPart((true,) * i + (self.doc.negation(item),), annotates=False),),
                               min_items=i + 1)
-            if part.prefix and part.items is not None and part.items.schema not in (True, {}) and relevant("array"):
+            if arr.prefix and arr.items is not None and arr.items.schema not in (True, {}) and relevant("array"):
                 raise CannotNegate("'items' after 'prefixItems'")
             # not (every item is X) = some item is not X
-            if not part.prefix and part.items is not None and part.items.schema not in (True, {}):
-                neg = self.doc.negation(part.items)
+            if not arr.prefix and arr.items is not None and arr.items.schema not in (True, {}):
+                neg = self.doc.negation(arr.items)
                 violation({"array"}, contains=(Contains(neg),))
         if s.unique and relevant("array"):
             raise CannotNegate("'uniqueItems'")

@@ -116,6 +116,7 @@ def integer_ir(lo: int | None, hi: int | None) -> Node:
 def _split(d: Decimal) -> tuple[int, str]:
     """Integer part and fraction digits (no trailing zeros) of a non-negative decimal."""
     sign, digits, exp = d.normalize().as_tuple()
+    assert isinstance(exp, int), d  # finite: to_decimal refuses the rest
     text = "".join(map(str, digits))
     if exp >= 0:
         return int(text + "0" * exp), ""
@@ -226,6 +227,7 @@ def multiple_of_rules(step: Decimal, prefix: str) -> tuple[dict[str, Node], Node
     remainder automaton modulo p. Returns (rules, start), or None when it would be too big.
     """
     _, digits, exp = step.normalize().as_tuple()
+    assert isinstance(exp, int), step  # finite: to_decimal refuses the rest
     p = int("".join(map(str, digits))) * (10 ** exp if exp > 0 else 1)
     q = max(-exp, 0)
     if p * (q + 2) > 20_000:

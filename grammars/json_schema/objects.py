@@ -13,6 +13,7 @@ far, capped), emitted as rules; additional members come last.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from constrain.grammars.errors import SchemaError
@@ -126,7 +127,7 @@ def _listed_names(sh: Shape) -> list[str] | None:
     return None
 
 
-def _additional_member(t: Translator, sh: Shape, declared: list[str], witnesses: list[Witness] = ()) -> Node:
+def _additional_member(t: Translator, sh: Shape, declared: list[str], witnesses: Sequence[Witness] = ()) -> Node:
     """One ``key: value`` member whose key is not declared, or NOTHING when none may appear.
 
     With ``witnesses``: only members that serve as every one of them (key conditions and values)."""

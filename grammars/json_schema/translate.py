@@ -279,19 +279,18 @@ class Translator:
             except ImportError:  # jsonschema < 4.18 resolves local references by itself
                 v = cls(root, format_checker=checker)
             else:
-                from referencing.exceptions import NoSuchResource
-
                 spec = specification_with(cls.META_SCHEMA.get("$schema", ""), default=DRAFT202012)
-                resource = Resource(contents=root, specification=spec)
+                resource = spec.create_resource(root)
                 doc = self.doc
 
                 def retrieve(uri: str) -> Any:
                     contents = doc.remote_contents(uri)
                     if contents is None:
-                        raise NoSuchResource(ref=uri)
+                        raise LookupError(f"no remote schema {uri!r}")  # the registry reports it unretrievable
                     return Resource.from_contents(contents, default_specification=spec)
 
-                registry = Registry(retrieve=retrieve).with_resources(
+                # referencing's own attrs wrapper hides the class's keywords from mypy
+                registry = Registry(retrieve=retrieve).with_resources(  # type: ignore[call-arg]
                     [(self.doc.root_sub.base, resource), ("", resource)])
                 v = cls(root, registry=registry, format_checker=checker)
                 if self.doc.root_sub.base != "":
@@ -444,10 +443,10 @@ class Translator:
 
     def any_value(self, depth: int | None = None) -> Node:
         """Any JSON value (nested ``depth`` containers deep with ``indent``; default: a member)."""
+        depth = self.depth + 1 if depth is None else depth
         if self.indent is None:
             name, child = "any", "any"
         else:
-            depth = self.depth + 1 if depth is None else depth
             if depth > MAX_INDENT_DEPTH:
                 return NOTHING
             name, child = f"any@{depth}", f"any@{depth + 1}"
