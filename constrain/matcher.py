@@ -87,7 +87,7 @@ class Matcher:
         s = self._history[-1]
         if s == TERMINATED:
             words = automaton.terminated_mask()
-        elif tokens_left is not None and automaton.max_next_completion(s) > tokens_left - 2:
+        elif tokens_left is not None and self.budget_binds(tokens_left):
             words = automaton.budget_mask(s, tokens_left - 2)
         else:
             words = automaton.mask(s)
@@ -105,6 +105,13 @@ class Matcher:
         self.fill_next_token_bitmask(bits)
         flags = np.unpackbits(bits.numpy().view(np.uint8), bitorder="little")
         return np.nonzero(flags)[0]
+
+    def budget_binds(self, tokens_left: int) -> bool:
+        """Whether ``tokens_left`` makes the budget-aware mask differ from the plain one: some
+        allowed token leads to a state whose shortest completion no longer fits. Engines use it
+        to take the plain (cached, GPU-resident) mask whenever the close changes nothing."""
+        s = self._history[-1]
+        return s != TERMINATED and self._automaton.max_next_completion(s) > tokens_left - 2
 
     def min_completion_bytes(self) -> float:
         """Bytes in the shortest completion of the document so far (0 when it may end here)."""

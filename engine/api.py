@@ -211,7 +211,7 @@ class Engine:
         same random numbers.
         """
         single = isinstance(prompts, str)
-        items = [prompts] if single else list(prompts)
+        items: list[str] = [prompts] if isinstance(prompts, str) else list(prompts)
         for i, p in enumerate(items):
             if not isinstance(p, str):
                 what = "a Request: pass Request objects to Engine.run" if isinstance(p, Request) else type(p).__name__

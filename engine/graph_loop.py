@@ -171,8 +171,10 @@ class GraphStep:
         nxt = self.cache.resolve([p[2] for p in pending], [p[3] for p in pending])
         rows = []
         for (row, s, _, _), gid in zip(pending, nxt):
+            grammar = s.request.grammar
+            assert grammar is not None and s.matcher is not None  # only constrained rows miss
             # The matcher accepted the token: a -1 here means the table and grammar disagree.
-            self._gid[row] = gid if gid >= 0 else self.cache.enter(s.request.grammar, s.matcher.state)
+            self._gid[row] = gid if gid >= 0 else self.cache.enter(grammar, s.matcher.state)
             rows.append(row)
         self._patch(rows, [self._gid[r] for r in rows])
 

@@ -27,12 +27,16 @@ and replay around them.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from constrain.engine.runner import ModelRunner
 from constrain.engine.static_decoder import StaticDecoder
 from constrain.kernels import StateTable, constrained_step, sample
+
+if TYPE_CHECKING:
+    from constrain.engine.types import CausalLM
 
 logger = logging.getLogger("constrain")
 
@@ -59,7 +63,7 @@ def seed_base(seed: int) -> int:
 class GraphRunner:
     """Static decode buffers over a ``ModelRunner``'s slot cache, with captured replays on CUDA."""
 
-    def __init__(self, model: torch.nn.Module, max_batch: int, max_len: int,
+    def __init__(self, model: CausalLM, max_batch: int, max_len: int,
                  use_graphs: bool | None = None) -> None:
         self.max_rows = batch_bucket(max_batch)
         self.runner = ModelRunner(model, self.max_rows, max_len)  # eager prefill, same cache
@@ -103,7 +107,7 @@ class GraphRunner:
         sl = slice(0, rows)
         seeds = (self.base[sl] ^ (self.draws[sl] * _DRAW + 1)) & _MASK63
         logits = self.logits[sl]
-        params = dict(temperature=self.temperature[sl], seeds=seeds)
+        params: dict[str, Any] = dict(temperature=self.temperature[sl], seeds=seeds)
         if filtered:
             params.update(top_k=self.top_k[sl], top_p=self.top_p[sl])
         if mode == "table":

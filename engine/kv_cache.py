@@ -14,7 +14,12 @@ kept compacted in slots ``0..n-1`` (``move_slot`` fills holes), so attention rea
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from constrain.engine.types import CausalLM
 
 
 class SlotKVCache:
@@ -49,7 +54,7 @@ class SlotKVCache:
         self._row_index: torch.Tensor | None = None
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, max_slots: int, max_len: int) -> SlotKVCache:
+    def for_model(cls, model: CausalLM, max_slots: int, max_len: int) -> SlotKVCache:
         """Size the buffers from a transformers config (GQA-aware)."""
         cfg = model.config
         cfg = getattr(cfg, "get_text_config", lambda: cfg)()

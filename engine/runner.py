@@ -21,7 +21,11 @@ from constrain.engine.kv_cache import SlotKVCache
 from constrain.engine.sampler import sample
 
 if TYPE_CHECKING:
+    from constrain.engine.types import CausalLM
+
+if TYPE_CHECKING:
     from constrain.engine.scheduler import Row, Scheduler
+    from constrain.engine.types import CausalLM
 
 logger = logging.getLogger("constrain")
 
@@ -29,7 +33,7 @@ logger = logging.getLogger("constrain")
 class ModelRunner:
     """Owns the model's KV cache and runs ``extend`` steps for contiguous slot ranges."""
 
-    def __init__(self, model: torch.nn.Module, max_slots: int, max_len: int) -> None:
+    def __init__(self, model: CausalLM, max_slots: int, max_len: int) -> None:
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype

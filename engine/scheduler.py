@@ -179,7 +179,12 @@ class Scheduler:
         if not s.request.budget_close or s.request.grammar is None:
             return None
         left = s.budget - len(s.generated)
-        return left if left - 2 < s.matcher.min_completion_bytes() + BUDGET_MARGIN else None
+        # Beyond the margin the close is not consulted (a cheap test: one token would have to add
+        # over BUDGET_MARGIN bytes to the shortest completion); within it the matcher answers
+        # exactly, so rows whose every next state still fits keep the plain (GPU table) mask.
+        if left - 2 >= s.matcher.min_completion_bytes() + BUDGET_MARGIN:
+            return None
+        return left if s.matcher.budget_binds(left) else None
 
     def fill_mask(self, s: Row, bitmask: torch.Tensor, row: int) -> None:
         """``s``'s matcher's mask into ``bitmask`` row ``row``, budget-aware near the end.
@@ -253,7 +258,7 @@ class Scheduler:
         tb = self.vocab.token_bytes
         if len(ids) < 2 or any(i >= len(tb) or tb[i] is None for i in ids):
             return []
-        if b"".join(tb[i] for i in ids) != text.encode("utf-8"):  # e.g. a SentencePiece dummy prefix
+        if b"".join(tb[i] or b"" for i in ids) != text.encode("utf-8"):  # e.g. a SentencePiece dummy prefix
             return []
         return ids[:-1]
 

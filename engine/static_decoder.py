@@ -21,16 +21,21 @@ soft-capping (Llama, SmolLM2, Mistral without sliding window, Qwen2, Qwen3 with 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 import torch.nn.functional as F
 
 from constrain.engine.kv_cache import SlotKVCache
 from constrain.kernels.decode import add_rms_norm, decode_attention, rope_store_kv, silu_mul
 
+if TYPE_CHECKING:
+    from constrain.engine.types import CausalLM
+
 _FAMILIES = {"llama", "mistral", "qwen2", "qwen3"}
 
 
-def supports(model: torch.nn.Module) -> bool:
+def supports(model: CausalLM) -> bool:
     """Whether ``StaticDecoder`` reproduces this model's forward."""
     cfg = model.config
     if getattr(cfg, "model_type", None) not in _FAMILIES:
@@ -53,7 +58,7 @@ class StaticDecoder:
     ``[0, length)`` of each slot, masked to ``<= pos``: ``length`` is a bucket, fixed per graph.
     """
 
-    def __init__(self, model: torch.nn.Module, cache: SlotKVCache) -> None:
+    def __init__(self, model: CausalLM, cache: SlotKVCache) -> None:
         if not supports(model):
             raise ValueError(f"{type(model).__name__} is not a supported Llama-family model")
         dec = model.get_decoder() if hasattr(model, "get_decoder") else model.model
@@ -111,13 +116,13 @@ class StaticDecoder:
                 kb, vb = kb[slots, :, :length], vb[slots, :, :length]
             delta = attn.o_proj(decode_attention(q, kb, vb, pos, length, self.scale))
             x, h = add_rms_norm(h, delta, *self.norms[i][1])
-            mlp = layer.mlp
-            if self.gate_up[i] is None:
+            mlp, gate_up = layer.mlp, self.gate_up[i]
+            if gate_up is None:
                 delta = mlp(x)
             elif self.silu:
-                delta = mlp.down_proj(silu_mul(F.linear(x, *self.gate_up[i])))
+                delta = mlp.down_proj(silu_mul(F.linear(x, *gate_up)))
             else:
-                gate, up = F.linear(x, *self.gate_up[i]).chunk(2, dim=-1)
+                gate, up = F.linear(x, *gate_up).chunk(2, dim=-1)
                 delta = mlp.down_proj(mlp.act_fn(gate) * up)
         x, _ = add_rms_norm(h, delta, *self.final_norm)
         return self.head(x).float()
@@ -139,11 +144,11 @@ def _fuse(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]
     return weight, bias
 
 
-def _norm_args(norm: torch.nn.Module) -> tuple[torch.Tensor, float]:
+def _norm_args(norm: Any) -> tuple[torch.Tensor, float]:
     """(weight, eps) of a transformers RMSNorm (``weight * x / rms(x)``, as every family here)."""
     return norm.weight, float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
 
 
-def _plain_mlp(mlp: torch.nn.Module) -> bool:
+def _plain_mlp(mlp: Any) -> bool:
     """A gated MLP ``down(act(gate(x)) * up(x))`` with bias-free gate/up (Llama, Qwen, Mistral)."""
     return all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn"))

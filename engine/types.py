@@ -10,6 +10,11 @@ from constrain.engine.sampler import SamplingParams
 
 FinishReason = Literal["stop", "length", "error"]
 
+# A transformers causal LM. Its submodules and config fields (``model.model.layers``,
+# ``config.hidden_size``) are resolved at run time, per architecture, so the engine reads them
+# dynamically rather than through ``torch.nn.Module``'s ``Tensor | Module`` attribute type.
+CausalLM = Any
+
 
 @dataclass
 class GenerationRequest:

@@ -667,6 +667,10 @@ class _LeftRecursion:
                 return _union([(heads, seq(self.nonempty(head_base), rest)), self.form(rest, members)])
             return heads, seq(head_base, rest)
         if isinstance(node, ir.Repeat):
+            if self.nullable(node.item):
+                # X{m,n} with a nullable X is nonempty(X){0,n}: empty copies pad any count up to m.
+                # Unrolling X itself would find X* again behind every nullable head, forever.
+                return self.form(repeat(self.nonempty(node.item), 0, node.max), members)
             hi = None if node.max is None else node.max - 1
             first = seq(node.item, repeat(node.item, max(node.min - 1, 0), hi))
             return self.form(first if node.min else alt(EMPTY, first), members)

@@ -217,3 +217,25 @@ def test_lookbehind_and_backreferences_are_refused_with_the_position(pattern: st
         constrain.compile_regex(pattern, Vocabulary.from_token_bytes([b"a", None], eos_token_ids=[1]))
     assert str(info.value).startswith(feature) and f"supported at position {position} in pattern" in str(info.value)
     assert info.value.position == position
+
+
+@pytest.mark.parametrize("text", [
+    'start: r0\nr0: r0*\n',
+    'start: "ab" | r0? (r0 "b" | "b"?) | ("ab" r0 r0? | "b" T)\nr0: r0*\nT: /a{1,2}/\n',
+    'start: (r0 "x")*\nr0: r0? "a" | "b"?\n',
+])
+def test_left_recursion_through_a_repeat_of_a_nullable_rule_agrees_with_lark(text: str) -> None:
+    """Found by the fuzzer: unrolling ``X*`` with a nullable ``X`` met ``X*`` again forever."""
+    vocab = Vocabulary.from_token_bytes([bytes([i]) for i in range(256)] + [None], eos_token_ids=[256])
+    compiled = constrain.compile_lark(text, vocab)
+    oracle = lark.Lark(text, lexer="dynamic_complete")
+    for n in range(5):
+        for chars in itertools.product("abx", repeat=n):
+            doc = "".join(chars)
+            try:
+                oracle.parse(doc)
+                expected = True
+            except lark.exceptions.LarkError:
+                expected = False
+            m = compiled.matcher()
+            assert (m.accept_bytes(doc.encode()) and m.is_accepting()) == expected, doc
