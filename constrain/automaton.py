@@ -247,7 +247,8 @@ class TokenAutomaton:
         whole level) once many are. Tokens are read off the live nodes of all levels at the end.
         """
         table, trie, levels = self.table, self.trie, self.trie.levels
-        live_nodes, live_states, ended = [], [], []
+        live_nodes, live_states = [], []
+        ended: list[tuple[int, np.ndarray, np.ndarray]] = []  # (depth, nodes, parent states)
         dense_levels = []  # (first node, state of every node of the level) for levels walked densely
         depth = min(seeds, default=len(levels))
         idx = np.zeros(0, np.int64)  # live nodes of this level (sparse) ...
