@@ -30,6 +30,7 @@ from constrain.engine.model import LoadedModel, load_model
 from constrain.engine.runner import EagerStep, ModelRunner
 from constrain.engine.sampler import SamplingParams
 from constrain.engine.scheduler import Scheduler, StepBackend
+from constrain.engine.speculative import SpeculativeConfig
 from constrain.engine.static_decoder import supports
 from constrain.engine.types import GenerationRequest, GenerationResult
 
@@ -98,9 +99,16 @@ class Engine:
     ``backend``: ``"graph"`` (CUDA-graph replay of the static decoder, constraint states in the
     GPU state table), ``"eager"`` (transformers' forward, host masks) or ``"auto"``: graph on
     CUDA for the models ``static_decoder.supports``, eager otherwise.
+
+    ``speculative``: draft and verify several tokens per step (``engine.speculative``): "off"
+    (the default), "forced" (the grammar's forced text), "lookup" (prompt lookup: spans copied
+    from the prompt or output), "forced+lookup" (or True), or a ``SpeculativeConfig``. Output
+    follows plain masked sampling exactly (greedy: the same tokens); results count the draft
+    tokens proposed and accepted.
     """
 
-    def __init__(self, loaded: LoadedModel, max_batch: int | None = None, backend: Backend = "auto") -> None:
+    def __init__(self, loaded: LoadedModel, max_batch: int | None = None, backend: Backend = "auto",
+                 speculative: SpeculativeConfig | str | bool | None = None) -> None:
         self.loaded = loaded
         self.vocab = Vocabulary.from_hf(
             loaded.tokenizer, vocab_size=loaded.logits_width, eos_tokens=list(loaded.eos_token_ids) or None
@@ -113,6 +121,7 @@ class Engine:
         self.backend = backend
         self.context_len: int | None = getattr(loaded.model.config, "max_position_embeddings", None)
         self._step: EagerStep | GraphStep | None = None
+        self.speculative = SpeculativeConfig.parse(speculative)
 
     @classmethod
     def from_pretrained(
@@ -122,9 +131,11 @@ class Engine:
         dtype: torch.dtype | None = None,
         max_batch: int | None = None,
         backend: Backend = "auto",
+        speculative: SpeculativeConfig | str | bool | None = None,
     ) -> Engine:
         """Load a local model folder or ``.gguf`` file (default: the SmolLM2-135M demo model)."""
-        return cls(load_model(path, device=device, dtype=dtype), max_batch=max_batch, backend=backend)
+        return cls(load_model(path, device=device, dtype=dtype), max_batch=max_batch, backend=backend,
+                   speculative=speculative)
 
     @property
     def tokenizer(self) -> Any:
@@ -172,7 +183,8 @@ class Engine:
                 step = EagerStep(ModelRunner(model, slots, length), self.vocab.vocab_size)
             self._step = step
         backend: StepBackend = step
-        return Scheduler(backend, self.vocab, self._encode, context_len=self.context_len)
+        return Scheduler(backend, self.vocab, self._encode, context_len=self.context_len,
+                         speculative=self.speculative)
 
     def run(
         self,

@@ -28,6 +28,7 @@ import torch
 
 from constrain.engine.graph_runner import BATCH_BUCKETS, GraphRunner, batch_bucket, seed_base
 from constrain.engine.scheduler import Row, Scheduler
+from constrain.engine.speculative import verify_drafts
 from constrain.engine.state_cache import StateCache
 
 logger = logging.getLogger("constrain")
@@ -48,6 +49,7 @@ class GraphStep:
         self._hosted = [False] * n  # the row's GPU state is its scratch row, not a table state
         self._pending: list[tuple[int, Row, int, int]] = []  # (row, seq, state, token) misses
         self._out = np.zeros((3, 0), dtype=np.int64)
+        self._verified = False  # the last step was a speculative one
         self.steps = 0
 
     @property
@@ -87,6 +89,29 @@ class GraphStep:
         self.steps += 1
         self._out = run.fetch(len(batch)).numpy().copy()
         return [int(t) for t in self._out[0]]
+
+    def verify(self, batch: list[Row], masks: torch.Tensor, scheduler: Scheduler) -> list[list[int]]:
+        """Speculative step: pending + draft of every row in one eager pass of the static decoder,
+        masks from the host walk (``Scheduler._draft``), verified by ``kernels.verify_draft``."""
+        run = self.runner
+        self._resolve_pending()
+        width = masks.shape[1]
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        pick: list[int] = []  # per row: its last pending token, then each draft token (padded)
+        for i, s in enumerate(batch):
+            start, toks = len(ids), s.pending + s.draft
+            ids += toks
+            pos += range(s.length, s.length + len(toks))
+            slots += [i] * len(toks)
+            first, end = start + len(s.pending) - 1, start + len(toks) - 1
+            pick += [min(first + j, end) for j in range(width)]
+        logits = run.tokens_logits(ids, pos, slots, run.length_bucket(max(pos) + 1))
+        logits = logits[torch.as_tensor(pick, device=run.device)].view(len(batch), width, -1)
+        self.steps += 1
+        self._verified = True
+        return verify_drafts(logits, batch, masks)
 
     def _forward_forced(self, old: list[Row]) -> None:
         ids: list[int] = []
@@ -146,6 +171,9 @@ class GraphStep:
 
     def sync(self, batch: list[Row]) -> None:
         """Mirror the GPU's states; forced text moved a row where the GPU cannot know: patch it."""
+        if self._verified:
+            self._sync_verified(batch)
+            return
         states, miss = self._out[1], self._out[2]
         tokens = self._out[0]
         jumped: list[int] = []
@@ -161,6 +189,27 @@ class GraphStep:
             else:
                 self._gid[i] = int(states[i])
         self._patch(jumped, [self._gid[i] for i in jumped])
+
+    def _sync_verified(self, batch: list[Row]) -> None:
+        """After a speculative step every row moved where only the host knows: its next input
+        token and position, draw count and constraint state go to the GPU buffers."""
+        self._verified = False
+        run, dev = self.runner, self.runner.device
+        live = [i for i, s in enumerate(batch) if s.finish_reason is None]
+        if not live:
+            return
+        rows = torch.as_tensor(live, device=dev)
+        run.ids[rows] = torch.as_tensor([batch[i].pending[0] for i in live], device=dev)
+        run.pos[rows] = torch.as_tensor([batch[i].length for i in live], device=dev)
+        run.draws[rows] = torch.as_tensor([batch[i].draws for i in live], device=dev)
+        entered = []
+        for i in live:
+            grammar = batch[i].request.grammar
+            if grammar is not None:
+                self._gid[i] = self.cache.enter(grammar, batch[i].matcher.state)
+                self._hosted[i] = False
+                entered.append(i)
+        self._patch(entered, [self._gid[i] for i in entered])
 
     def _resolve_pending(self) -> None:
         """Next states of last step's misses, stored in the table and patched into the rows

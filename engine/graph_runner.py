@@ -136,11 +136,18 @@ class GraphRunner:
         """Several tokens per row in one eager pass (forced text): token j goes to slot
         ``slots[j]`` at column ``pos[j]``; row i's logits are those of token ``last[i]``."""
         dev = self.device
-        logits = self.decoder.step(torch.as_tensor(ids, device=dev), torch.as_tensor(pos, device=dev), length,
-                                   torch.as_tensor(slots, device=dev))
+        logits = self.tokens_logits(ids, pos, slots, length)
         rows = len(last)
         self.logits[:rows].copy_(logits[torch.as_tensor(last, device=dev)])
         self.pos[:rows] = torch.as_tensor([pos[j] for j in last], device=dev)
+
+    @torch.inference_mode()
+    def tokens_logits(self, ids: list[int], pos: list[int], slots: list[int], length: int) -> torch.Tensor:
+        """Logits (len(ids), V) of every token of a several-tokens-per-row eager pass (token j to
+        slot ``slots[j]`` at column ``pos[j]``): forced text, and speculative verification."""
+        dev = self.device
+        return self.decoder.step(torch.as_tensor(ids, device=dev), torch.as_tensor(pos, device=dev), length,
+                                 torch.as_tensor(slots, device=dev))
 
     @torch.inference_mode()
     def sample(self, rows: int, mode: str, table: StateTable | None = None, filtered: bool = False) -> None:

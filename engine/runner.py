@@ -19,9 +19,7 @@ import torch
 from constrain import allocate_token_bitmask
 from constrain.engine.kv_cache import SlotKVCache
 from constrain.engine.sampler import sample
-
-if TYPE_CHECKING:
-    from constrain.engine.types import CausalLM
+from constrain.engine.speculative import verify_drafts
 
 if TYPE_CHECKING:
     from constrain.engine.scheduler import Row, Scheduler
@@ -55,10 +53,13 @@ class ModelRunner:
         return self.cache.max_len
 
     @torch.inference_mode()
-    def extend(self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> torch.Tensor:
+    def extend(self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int],
+               n_logits: Sequence[int] | None = None) -> torch.Tensor:
         """Append ``tokens[i]`` to slot ``first_slot + i`` whose sequence has ``starts[i]`` tokens.
 
-        Returns float32 logits ``(rows, logits_width)`` at each row's last appended token.
+        Returns float32 logits ``(rows, logits_width)`` at each row's last appended token; with
+        ``n_logits`` (speculation), ``(rows, max(n_logits), logits_width)`` at each row's last
+        ``n_logits[i]`` tokens (rows with fewer repeat their last).
         """
         rows = len(tokens)
         lens = [len(t) for t in tokens]
@@ -85,15 +86,22 @@ class ModelRunner:
         mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(self.dtype).min)
         self.cache.begin_step(first_slot, pos, view_len)
         kwargs = {self._cache_kw: self.cache, "use_cache": True}
-        last = (lens_t - 1).view(rows, 1, 1)
+        if n_logits is None:
+            last = (lens_t - 1).view(rows, 1, 1)
+        else:  # positions lens - n .. lens - 1, padded with the last
+            n_t = torch.as_tensor(list(n_logits), device=dev).view(rows, 1)
+            j = torch.arange(max(n_logits), device=dev).view(1, -1)
+            last = torch.minimum(lens_t.view(rows, 1) - n_t + j, lens_t.view(rows, 1) - 1).unsqueeze(-1)
+        width = last.shape[1]
         if self._plain_head:
             out = self._decoder(input_ids=ids, attention_mask=mask, position_ids=rope_pos, **kwargs)
             hidden = out.last_hidden_state
-            hidden = torch.gather(hidden, 1, last.expand(rows, 1, hidden.shape[-1])).squeeze(1)
-            return self._head(hidden).float()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=rope_pos, **kwargs)
-        logits = out.logits
-        return torch.gather(logits, 1, last.expand(rows, 1, logits.shape[-1])).squeeze(1).float()
+            hidden = torch.gather(hidden, 1, last.expand(rows, width, hidden.shape[-1]))
+            logits = self._head(hidden).float()
+        else:
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=rope_pos, **kwargs)
+            logits = torch.gather(out.logits, 1, last.expand(rows, width, out.logits.shape[-1])).float()
+        return logits.squeeze(1) if n_logits is None else logits
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
         self.cache.move_slot(src, dst, length)
@@ -135,6 +143,11 @@ class EagerStep:
         tokens = sample(logits, [s.request.sampling for s in batch], [s.seed for s in batch],
                         [s.draws for s in batch], mask, rows)
         return [int(t) for t in tokens.tolist()]
+
+    def verify(self, batch: list[Row], masks: torch.Tensor, scheduler: Scheduler) -> list[list[int]]:
+        logits = self.runner.extend(0, [s.pending + s.draft for s in batch], [s.length for s in batch],
+                                    [len(s.draft) + 1 for s in batch])
+        return verify_drafts(logits, batch, masks)
 
     def sync(self, batch: list[Row]) -> None:
         """Nothing to mirror: the host matchers are the only constraint state."""

@@ -17,6 +17,15 @@ pass each. The last forced token is left for the model to pick under the mask, b
 merge it with whatever follows (``": "`` + ``"J``...): forcing it could split text in a way the
 model never saw in training.
 
+Speculation (``speculative=``, see ``engine.speculative``): in a step with no new prompt, each
+row may carry a draft. ``_draft`` walks the row's matcher along it, filling the mask of every
+position exactly as a plain step would fill it there (budget-aware close included), cuts the
+draft at the first token its mask forbids, and rolls the matcher back. Forced text met inside
+a draft rides along as positions whose mask is the one canonical token the plain path would
+append, so a verified draft emits exactly what plain steps would (greedy: token-identical).
+The backend's ``verify`` forwards pending + draft in one pass and returns the tokens each row
+emits; ``_advance`` accepts them in order (stop tokens and budgets checked at every token).
+
 Failure isolation: a row whose mask allows nothing, or whose matcher refuses the token its mask
 allowed, ends alone with ``finish_reason="error"`` (logged); the batch goes on. So does a
 request that cannot run at all (empty prompt, prompt longer than the model's context).
@@ -34,6 +43,7 @@ import numpy as np
 import torch
 
 from constrain import Vocabulary, allocate_token_bitmask
+from constrain.engine.speculative import NgramIndex, SpeculativeConfig, choose_lookup_length
 from constrain.engine.types import GenerationRequest, GenerationResult
 
 logger = logging.getLogger("constrain")
@@ -42,6 +52,18 @@ logger = logging.getLogger("constrain")
 # the document's shortest completion (in bytes, one per token at worst); before that the plain
 # mask is the same, and on the GPU path it comes from the state table with no host work.
 BUDGET_MARGIN = 32
+RATE_DECAY = 0.7  # weight of a row's past lookup acceptance rate against its latest draft
+FORCED, FORCED_DRAFT, LOOKUP = 0, 1, 2  # a draft position: forced text riding along, or a drafter's
+
+
+class _DraftEnd(Exception):
+    """The matcher refused a forced token while drafting: the draft ends before it."""
+
+
+def _bit(token: int) -> int:
+    """Token's bit in its int32 bitmask word (as a signed value)."""
+    b = 1 << (token & 31)
+    return b - (1 << 32) if b >= 1 << 31 else b
 
 
 @dataclass(eq=False)
@@ -62,6 +84,15 @@ class Row:
     draws: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    # speculation: this step's draft, which of its positions are forced text, whether a bonus
+    # token may follow it; draft tokens proposed / accepted so far; the lookup drafter's state
+    draft: list[int] = field(default_factory=list)
+    draft_kind: list[int] = field(default_factory=list)  # FORCED, FORCED_DRAFT or LOOKUP
+    draft_bonus: bool = True
+    proposed: int = 0
+    accepted: int = 0
+    lookup: NgramIndex | None = None
+    lookup_rate: float = 1.0
 
 
 class StepBackend(Protocol):
@@ -79,6 +110,12 @@ class StepBackend(Protocol):
         -1 where a mask allowed nothing."""
         ...
 
+    def verify(self, batch: list[Row], masks: torch.Tensor, scheduler: Scheduler) -> list[list[int]]:
+        """Speculative step (no new rows): forward each row's ``pending + draft`` in one pass and
+        verify the drafts under ``masks`` (B, positions, words) for constrained rows
+        (``speculative.verify``): per row, the accepted draft tokens then the correction or bonus."""
+        ...
+
     def sync(self, batch: list[Row]) -> None:
         """After the scheduler advanced the rows' matchers (forced text included)."""
         ...
@@ -93,10 +130,13 @@ class Scheduler:
 
     ``add`` may be called at any time, also between ``step`` calls while others are running.
     ``context_len`` (the model's context) bounds prompt + output; ``encode`` tokenizes forced text.
+    ``speculative`` turns drafting on (``SpeculativeConfig.parse``: a config, "forced",
+    "lookup", "forced+lookup", True); None: plain steps only.
     """
 
     def __init__(self, backend: StepBackend, vocab: Vocabulary, encode: Callable[[str], list[int]],
-                 max_prefill_tokens: int = 8192, context_len: int | None = None) -> None:
+                 max_prefill_tokens: int = 8192, context_len: int | None = None,
+                 speculative: SpeculativeConfig | str | bool | None = None) -> None:
         self.backend = backend
         self.vocab = vocab
         self.encode = encode
@@ -109,6 +149,8 @@ class Scheduler:
         self._scratch = allocate_token_bitmask(1, vocab.vocab_size)
         self._stop_set = set(vocab.eos_token_ids)
         self._forced_cache: dict[tuple[int, int], list[int]] = {}
+        self.speculative = SpeculativeConfig.parse(speculative)
+        self._masks: torch.Tensor | None = None  # (rows, positions, words) draft masks
 
     # -- queue -------------------------------------------------------------------------------
     def add(self, request: GenerationRequest) -> int:
@@ -164,21 +206,30 @@ class Scheduler:
         for i, s in enumerate(new):
             s.slot = len(old) + i
         batch = old + new
-        tokens = self.backend.step(batch, len(old), self)
-        for s, t in zip(batch, tokens):
-            s.length += len(s.pending)
+        masks = self._draft_all(batch) if self.speculative is not None and not new else None
+        if masks is not None:
+            emitted = self.backend.verify(batch, masks, self)
+        else:
+            emitted = [[int(t)] for t in self.backend.step(batch, len(old), self)]
+        for s, toks in zip(batch, emitted):
+            if s.finish_reason is not None:  # failed while drafting
+                continue
+            toks = self._count_draft(s, toks)
+            # every emitted token but the last was forwarded (as pending or draft): in the cache
+            s.length += len(s.pending) + len(toks) - 1
             s.pending = []
-            self._advance(s, int(t))
+            self._advance(s, toks)
         self.backend.sync(batch)
         self.running = batch
         return done + self._retire()
 
     # -- constraint, shared by every backend --------------------------------------------------
-    def budget_left(self, s: Row) -> int | None:
-        """Tokens left when the budget-aware close must shape ``s``'s mask, else None."""
+    def budget_left(self, s: Row, ahead: int = 0) -> int | None:
+        """Tokens left when the budget-aware close must shape ``s``'s mask, else None
+        (``ahead``: tokens of a draft the matcher was walked along)."""
         if not s.request.budget_close or s.request.grammar is None:
             return None
-        left = s.budget - len(s.generated)
+        left = s.budget - len(s.generated) - ahead
         # Beyond the margin the close is not consulted (a cheap test: one token would have to add
         # over BUDGET_MARGIN bytes to the shortest completion); within it the matcher answers
         # exactly, so rows whose every next state still fits keep the plain (GPU table) mask.
@@ -186,14 +237,14 @@ class Scheduler:
             return None
         return left if s.matcher.budget_binds(left) else None
 
-    def fill_mask(self, s: Row, bitmask: torch.Tensor, row: int) -> None:
+    def fill_mask(self, s: Row, bitmask: torch.Tensor, row: int, ahead: int = 0) -> None:
         """``s``'s matcher's mask into ``bitmask`` row ``row``, budget-aware near the end.
 
         When even the close is impossible (a budget smaller than the shortest document) the
         budget mask is empty: the plain mask is used and the request ends with "length".
         """
         m = s.matcher
-        left = self.budget_left(s)
+        left = self.budget_left(s, ahead)
         if left is None:
             m.fill_next_token_bitmask(bitmask, row)
             return
@@ -201,30 +252,185 @@ class Scheduler:
         if not bool(bitmask[row].any()):
             m.fill_next_token_bitmask(bitmask, row)
 
-    def _advance(self, s: Row, token: int) -> None:
+    def _advance(self, s: Row, tokens: list[int]) -> None:
+        """Accept a step's tokens in order (one sampled token, or a verified draft's), then
+        append forced text after the last; a stop, an error or the budget ends the row there."""
         s.draws += 1
         s.forced_now = 0
+        for token in tokens:
+            if not self._take(s, token):
+                return
+            if len(s.generated) >= s.budget:
+                # Out of budget. If the document is complete and only a stop token may follow,
+                # the output is whole: report "stop". Otherwise "length": never presented as valid.
+                s.finish_reason = "stop" if self._only_stop_allowed(s) else "length"
+                return
+        s.pending = [tokens[-1]]
+        self._force(s)
+
+    def _take(self, s: Row, token: int) -> bool:
+        """One emitted token into the row; False when it ended the row (stop or error)."""
         req, m = s.request, s.matcher
         if m is not None:
             if token < 0:
                 self._fail(s, "the constraint allows no token here (empty mask)")
-                return
-            if not m.accept_token(token):
+                return False
+            try:
+                ok = m.accept_token(token)
+            except Exception as exc:  # a broken matcher ends its own request, not the batch
+                self._fail(s, f"the constraint raised {type(exc).__name__}: {exc} on token {token}")
+                return False
+            if not ok:
                 self._fail(s, f"the constraint refused token {token} that its mask allowed")
-                return
+                return False
             if m.is_terminated():
                 s.finish_reason = "stop"
-                return
+                return False
         elif token in req.stop_token_ids:
             s.finish_reason = "stop"
-            return
+            return False
         s.generated.append(token)
-        s.pending = [token]
-        self._force(s)
-        if len(s.generated) >= s.budget:
-            # Out of budget. If the document is complete and only a stop token may follow, the
-            # output is whole: report "stop". Otherwise "length": never presented as valid.
-            s.finish_reason = "stop" if self._only_stop_allowed(s) else "length"
+        return True
+
+    # -- speculation ---------------------------------------------------------------------------
+    def _draft_all(self, batch: list[Row]) -> torch.Tensor | None:
+        """Every row's draft and masks (None when no row has a draft: a plain step)."""
+        cfg = self.speculative
+        assert cfg is not None
+        positions = 3 * cfg.max_draft + 1  # drafted tokens, forced text riding along, the bonus
+        if self._masks is None or self._masks.shape[0] < len(batch):
+            self._masks = allocate_token_bitmask(self.backend.max_rows * positions, self.vocab.vocab_size).view(
+                self.backend.max_rows, positions, -1)
+        flat = self._masks.view(-1, self._masks.shape[-1])
+        drafted = False
+        for i, s in enumerate(batch):
+            try:
+                self._draft(s, flat, i * positions, positions - 1)
+            except Exception as exc:  # a broken matcher ends its own request, not the batch
+                self._fail(s, f"drafting raised {type(exc).__name__}: {exc}")
+                s.draft, s.draft_kind = [], []
+            drafted = drafted or bool(s.draft)
+        if not drafted:
+            return None
+        width = 1 + max(len(s.draft) for s in batch)
+        return self._masks[: len(batch), :width]
+
+    def _draft(self, s: Row, masks: torch.Tensor, base: int, room: int) -> None:
+        """Propose ``s``'s draft and fill its masks at rows ``base..``, walking the matcher along
+        it (then rolled back): the draft is cut at the first token its mask forbids, at a stop,
+        and where the budget ends; forced text the plain path would append rides along with a
+        one-token mask. Rows that cannot speculate get no draft (a plain draw from mask 0)."""
+        cfg = self.speculative
+        assert cfg is not None
+        s.draft, s.draft_kind, s.draft_bonus = [], [], True
+        req, m = s.request, s.matcher
+        sp = req.sampling
+        if m is not None:
+            self.fill_mask(s, masks, base)
+        if (m is not None and req.grammar is None) or (sp.temperature > 0 and (sp.top_k > 0 or sp.top_p < 1)):
+            return  # a ready matcher (no rollback promised), or top-k/top-p: a plain draw
+        room = min(room, s.budget - len(s.generated) - 1)  # the last emitted token needs one more
+        draft, kinds = s.draft, s.draft_kind
+        drafted, walked = 0, 0
+        queue: list[tuple[int, int]] = []  # proposed (token, kind) not walked yet
+        try:
+            while len(draft) < room and not (m is not None and m.is_terminated()):
+                j = len(draft)
+                run = self._forced_run(s, j) if j and kinds[-1] != FORCED else []
+                if run:
+                    if j + len(run) > room:  # cut before it: the plain path forces from here
+                        break
+                    for t in run:  # the mask is the forced token: accepted for sure, as if forced
+                        masks[base + j].zero_()
+                        masks[base + j, t >> 5] = _bit(t)
+                        if not m.accept_token(t):
+                            raise _DraftEnd
+                        walked += 1
+                        draft.append(t)
+                        kinds.append(FORCED)
+                        j += 1
+                        self.fill_mask(s, masks, base + j, ahead=j)
+                    queue = []
+                    continue
+                if not queue:
+                    if drafted >= cfg.max_draft:
+                        break
+                    queue = self._propose(s, min(room - j, cfg.max_draft - drafted))
+                    if not queue:
+                        break
+                x, kind = queue.pop(0)
+                if m is not None:
+                    ok = x < self.vocab.vocab_size and bool((int(masks[base + j, x >> 5]) >> (x & 31)) & 1)
+                    if not ok:
+                        if not cfg.mask_drafts:  # unmasked drafts: verification rejects it
+                            draft.append(x)
+                            kinds.append(kind)
+                        break
+                    if not m.accept_token(x):
+                        break
+                    walked += 1
+                draft.append(x)
+                kinds.append(kind)
+                drafted += 1
+                if m is None:
+                    if x in req.stop_token_ids:
+                        break
+                else:
+                    self.fill_mask(s, masks, base + j + 1, ahead=j + 1)
+        except _DraftEnd:
+            pass
+        finally:
+            if draft and kinds[-1] != FORCED and self._forced_run(s, len(draft)):
+                s.draft_bonus = False  # the plain path would force, not sample, after this draft
+            if walked:
+                m.rollback(walked)
+
+    def _forced_run(self, s: Row, ahead: int) -> list[int]:
+        """The forced tokens a plain step appends at ``s``'s (walked) state, ``ahead`` tokens on."""
+        req, m = s.request, s.matcher
+        if m is None or req.grammar is None or not req.force_tokens or m.is_terminated():
+            return []
+        return self._forced_ids(s)[:-1][: max(s.budget - len(s.generated) - ahead - 1, 0)]
+
+    def _propose(self, s: Row, k: int) -> list[tuple[int, int]]:
+        """Up to ``k`` (token, kind) draft tokens at ``s``'s walked state: the forced text first
+        (with the last canonical token, which the plain path leaves to the model), then lookup."""
+        cfg = self.speculative
+        assert cfg is not None
+        out: list[tuple[int, int]] = []
+        m = s.matcher
+        if "forced" in cfg.drafters and m is not None and not m.is_terminated():
+            out = [(t, FORCED_DRAFT) for t in self._forced_ids(s)[:k]]
+        if "lookup" in cfg.drafters and len(out) < k:
+            n = k - len(out)
+            if cfg.adaptive:
+                n = min(n, max(1, choose_lookup_length(s.lookup_rate, cfg.max_draft, cfg.cost)))
+            index = s.lookup
+            if index is None:
+                index = s.lookup = NgramIndex(cfg.max_ngram)
+                index.extend(s.request.prompt_ids)
+            index.extend(s.generated[len(index.seq) - len(s.request.prompt_ids):])
+            out += [(t, LOOKUP) for t in index.lookup(s.draft + [t for t, _ in out], n)]
+        return out
+
+    def _count_draft(self, s: Row, toks: list[int]) -> list[int]:
+        """Draft statistics of a verified step; the bonus token is dropped where the plain path
+        would force text instead of sampling."""
+        if not s.draft:
+            return toks
+        n_acc = len(toks) - 1
+        if n_acc == len(s.draft) and not s.draft_bonus:
+            toks = toks[:-1]
+        kinds = s.draft_kind
+        s.proposed += sum(k != FORCED for k in kinds)
+        s.accepted += sum(k != FORCED for k in kinds[:n_acc])
+        s.forced += sum(k == FORCED for k in kinds[:n_acc])
+        looked = sum(k == LOOKUP for k in kinds)
+        if looked:
+            hit = sum(k == LOOKUP for k in kinds[:n_acc])
+            rate = 1.0 if hit == looked else hit / (hit + 1)  # per-token rate, from a censored run
+            s.lookup_rate = RATE_DECAY * s.lookup_rate + (1 - RATE_DECAY) * rate
+        return toks
 
     def _fail(self, s: Row, message: str) -> None:
         s.finish_reason = "error"
@@ -237,11 +443,8 @@ class Scheduler:
         req, m = s.request, s.matcher
         if req.grammar is None or not req.force_tokens or s.budget - len(s.generated) <= 1:
             return
-        key = (id(req.grammar), m.state)
-        ids = self._forced_cache.get(key)
-        if ids is None:
-            ids = self._forced_cache[key] = self._forced_ids(m.find_jump_forward_bytes())
         n = 0
+        ids = self._forced_ids(s)[:-1]
         for t in ids[: s.budget - len(s.generated) - 1]:
             if not m.accept_token(t):
                 break
@@ -251,16 +454,25 @@ class Scheduler:
         s.forced += n
         s.forced_now = n
 
-    def _forced_ids(self, data: bytes) -> list[int]:
-        """Canonical tokens of forced bytes, all but the last; none if they do not spell it."""
+    def _forced_ids(self, s: Row) -> list[int]:
+        """The canonical tokens of the forced text at ``s``'s state, all of them (plain steps
+        append all but the last); none if they do not spell it."""
+        assert s.request.grammar is not None
+        key = (id(s.request.grammar), s.matcher.state)
+        ids = self._forced_cache.get(key)
+        if ids is None:
+            ids = self._forced_cache[key] = self._canonical(s.matcher.find_jump_forward_bytes())
+        return ids
+
+    def _canonical(self, data: bytes) -> list[int]:
         text = data.decode("utf-8", "ignore")
         ids = self.encode(text) if text else []
         tb = self.vocab.token_bytes
-        if len(ids) < 2 or any(i >= len(tb) or tb[i] is None for i in ids):
+        if not ids or any(i >= len(tb) or tb[i] is None for i in ids):
             return []
         if b"".join(tb[i] or b"" for i in ids) != text.encode("utf-8"):  # e.g. a SentencePiece dummy prefix
             return []
-        return ids[:-1]
+        return ids
 
     def _only_stop_allowed(self, s: Row) -> bool:
         """Whether the document is complete and nothing but a stop token may follow."""
@@ -302,4 +514,6 @@ class Scheduler:
             forced_tokens=s.forced,
             constrained=s.matcher is not None,
             error=s.error,
+            draft_tokens=s.proposed,
+            accepted_draft_tokens=s.accepted,
         )

@@ -53,6 +53,9 @@ class GenerationResult:
     ``finish_reason == "error"`` means this request alone failed (a prompt longer than the
     model's context, a constraint that allowed no token or refused one its mask allowed);
     ``error`` says what, and the other requests of the batch were not affected.
+    With speculation on, ``draft_tokens`` counts the draft tokens verified for this request
+    (forced text riding along a draft not included) and ``accepted_draft_tokens`` those the
+    target accepted; ``forced_tokens`` includes forced text emitted inside drafts.
     """
 
     text: str
@@ -62,6 +65,8 @@ class GenerationResult:
     forced_tokens: int = 0
     constrained: bool = False
     error: str | None = None
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     @property
     def valid(self) -> bool:

@@ -1,0 +1,180 @@
+"""Speculation that respects the constraint: drafters, draft length, and verification.
+
+Why these drafters and no draft model: under a grammar many tokens are forced (keys, quotes,
+separators), and extraction copies spans of its input, so two free sources propose most of what
+a small model would: the forced continuation (``forced``) and the longest recent n-gram suffix
+of the sequence found earlier in the prompt or output, whose continuation is copied
+(``lookup``). Both are deterministic, so a draft token has q = one-hot and verification accepts
+it with the target's masked probability p(x); at the first rejection the token comes from p
+with x removed, renormalised; a bonus token follows a fully accepted draft. That is exactly
+plain masked sampling (greedy: a draft is accepted iff it is the masked argmax).
+
+The scheduler walks each row's matcher along its draft, filling one mask per position (the
+budget-aware close included), cuts the draft at the first token the mask forbids (so drafts
+always respect the constraint), and rolls the matcher back. The step backend forwards pending +
+draft in one ragged pass; ``verify`` masks every position and runs ``kernels.verify_draft``
+(its torch twin on CPU). Rejected positions are simply not counted in the row's length, so the
+next forward overwrites their KV entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from constrain.engine.sampler import SamplingParams, sample, step_seed
+from constrain.kernels import apply_token_bitmask_inplace, verify_draft
+
+if TYPE_CHECKING:
+    from constrain.engine.scheduler import Row
+
+DRAFTERS = ("forced", "lookup")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """How the engine drafts. ``drafters``: any of "forced" (the grammar's forced continuation,
+    all its canonical tokens, the last one included) and "lookup" (prompt lookup), in that order.
+    ``max_draft`` bounds a row's draft; ``adaptive`` lets each row's lookup acceptance rate choose
+    how many lookup tokens to verify (``cost`` = verifying one more token, relative to a step).
+    ``mask_drafts=False`` leaves lookup drafts uncut by the constraint (a forbidden draft token
+    is then rejected by verification): only for measuring what masking drafts buys."""
+
+    drafters: tuple[str, ...] = DRAFTERS
+    max_draft: int = 5
+    max_ngram: int = 3
+    adaptive: bool = True
+    cost: float = 0.1
+    mask_drafts: bool = True
+
+    def __post_init__(self) -> None:
+        bad = [d for d in self.drafters if d not in DRAFTERS]
+        if bad or not self.drafters:
+            raise ValueError(f"drafters must be a non-empty subset of {DRAFTERS}, got {self.drafters!r}")
+        if self.max_draft < 1 or self.max_ngram < 1:
+            raise ValueError("max_draft and max_ngram must be >= 1")
+
+    @classmethod
+    def parse(cls, spec: str | bool | SpeculativeConfig | None) -> SpeculativeConfig | None:
+        """``None``/``False``/"off": no speculation; ``True``/"on": the default (forced+lookup);
+        "forced", "lookup", "forced+lookup"; or a ready config."""
+        if isinstance(spec, SpeculativeConfig) or spec is None:
+            return spec
+        if spec is True:
+            return cls()
+        if spec is False or spec in ("off", "none", ""):
+            return None
+        if spec == "on":
+            return cls()
+        if isinstance(spec, str):
+            return cls(drafters=tuple(d.strip() for d in spec.split("+")))
+        raise ValueError(f"speculative must be a bool, a drafter name or a SpeculativeConfig, got {spec!r}")
+
+
+class NgramIndex:
+    """Latest end position of every n-gram (n <= max_n) of a growing token sequence.
+
+    ``extend`` indexes the n-grams ending before the sequence's last token, so a lookup of the
+    sequence's own suffix finds an *earlier* occurrence, which has a continuation to copy.
+    """
+
+    def __init__(self, max_n: int) -> None:
+        self.max_n = max_n
+        self.ends: dict[tuple[int, ...], int] = {}
+        self.seq: list[int] = []
+        self._indexed = 0  # n-grams ending at positions < this are indexed
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.seq.extend(tokens)
+        seq, ends = self.seq, self.ends
+        for e in range(max(self._indexed, 1), len(seq)):
+            for n in range(1, min(self.max_n, e) + 1):
+                ends[tuple(seq[e - n:e])] = e
+        self._indexed = max(self._indexed, len(seq))
+
+    def lookup(self, tail: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the longest suffix of ``seq + tail`` seen earlier."""
+        full = self.seq + list(tail) if tail else self.seq
+        for n in range(min(self.max_n, len(full)), 0, -1):
+            e = self.ends.get(tuple(full[len(full) - n:]))
+            if e is not None:
+                return full[e:e + k]
+        return []
+
+
+def choose_lookup_length(rate: float, max_k: int, cost: float) -> int:
+    """Lookup tokens to verify for a row whose lookup drafts are accepted at ``rate`` per token:
+    the k maximising (1 + expected accepted) / (1 + cost * k), the expected accepted tokens of a
+    k-draft being rate + rate^2 + ... + rate^k (each one survives only if all before it did)."""
+    best_k, best = 0, 1.0
+    expected, survive = 0.0, 1.0
+    for k in range(1, max_k + 1):
+        survive *= rate
+        expected += survive
+        value = (1 + expected) / (1 + cost * k)
+        if value > best:
+            best_k, best = k, value
+    return best_k
+
+
+def verify(
+    logits: torch.Tensor,
+    drafts: Sequence[Sequence[int]],
+    masks: torch.Tensor | None,
+    constrained: Sequence[int],
+    params: Sequence[SamplingParams],
+    seeds: Sequence[int],
+    draws: Sequence[int],
+) -> list[list[int]]:
+    """Tokens each row emits: its accepted draft tokens, then the correction or bonus token.
+
+    ``logits`` (B, K+1, V) float32: row i's logits at its last pending token and at each of its
+    draft tokens (positions past its draft are unused). ``masks`` (B, K+1, W) int32: the mask
+    at each position, for the rows in ``constrained``. Rows without a draft are sampled by the
+    plain fused sampler (same seeds, filters and tokens as a non-speculative step). A row whose
+    mask allowed nothing at some position ends its list with -1 there.
+    """
+    b, k1, v = logits.shape
+    dev = logits.device
+    if masks is not None and constrained:
+        flat = logits.view(b * k1, v)
+        rows = torch.as_tensor([r * k1 + j for r in constrained for j in range(k1)], dtype=torch.int32, device=dev)
+        masks = masks.reshape(b * k1, -1).to(dev, non_blocking=True)
+        apply_token_bitmask_inplace(flat, masks, rows)
+        masks = masks.view(b, k1, -1)
+    out: list[list[int]] = [[] for _ in range(b)]
+    groups: dict[int, list[int]] = {}
+    for r, draft in enumerate(drafts):
+        groups.setdefault(len(draft), []).append(r)
+    for d, rows_d in groups.items():
+        idx = torch.as_tensor(rows_d, device=dev)
+        if d == 0:  # exactly a plain step's draw (its mask, filters and seed)
+            cons = set(constrained)
+            mask_rows = [j for j, r in enumerate(rows_d) if r in cons]
+            row_masks = masks[idx, 0] if masks is not None and mask_rows else None
+            toks = sample(logits[idx, 0], [params[r] for r in rows_d], [seeds[r] for r in rows_d],
+                          [draws[r] for r in rows_d], row_masks, mask_rows)
+            for r, t in zip(rows_d, toks.tolist()):
+                out[r] = [int(t)]
+            continue
+        tgt = logits[idx, : d + 1]
+        dtok = torch.as_tensor([list(drafts[r]) for r in rows_d], dtype=torch.int64, device=dev)
+        one_hot = torch.full((len(rows_d), d, v), float("-inf"), device=dev)
+        one_hot.scatter_(2, dtok.unsqueeze(-1), 0.0)
+        temp = torch.as_tensor([params[r].temperature for r in rows_d], dtype=torch.float32, device=dev)
+        seed = torch.as_tensor([step_seed(seeds[r], draws[r]) for r in rows_d], dtype=torch.int64, device=dev)
+        toks_t, n_out, _, flags = verify_draft(tgt, one_hot, dtok, None, None, temperature=temp, seeds=seed)
+        toks_l, n_l, flags_l = toks_t.tolist(), n_out.tolist(), flags.tolist()
+        for j, r in enumerate(rows_d):
+            emitted = [int(t) for t in toks_l[j][: n_l[j]]]
+            out[r] = emitted + [-1] if flags_l[j] == 2 else emitted
+    return out
+
+
+def verify_drafts(logits: torch.Tensor, batch: Sequence[Row], masks: torch.Tensor) -> list[list[int]]:
+    """``verify`` for a batch of scheduler rows (their drafts, masks, sampling settings)."""
+    return verify(logits, [s.draft for s in batch], masks, [i for i, s in enumerate(batch) if s.matcher is not None],
+                  [s.request.sampling for s in batch], [s.seed for s in batch], [s.draws for s in batch])
