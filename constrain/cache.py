@@ -48,8 +48,9 @@ class ByteBudgetCache:
     """A thread-safe LRU mapping whose entries are weighed in bytes (and optionally counted).
 
     Past ``max_bytes`` (or ``max_entries``) the least recently used entries go. A value that grows
-    after insertion (``Growing``: a compiled grammar) is weighed again at every insertion, so the
-    budget follows its growth; other values are weighed once.
+    after insertion (``Growing``: a compiled grammar) is weighed again once per as many insertions
+    as there are growing values (and whenever ``nbytes`` is read), so the budget follows its growth
+    at O(1) weighings per insertion; other values are weighed once.
     """
 
     def __init__(self, max_bytes: int | None = None, max_entries: int | None = None) -> None:
@@ -60,6 +61,7 @@ class ByteBudgetCache:
         self.max_entries = max_entries
         self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._growing: set[Hashable] = set()
+        self._puts_since_reweigh = 0
         self._nbytes = 0
         self._lock = threading.Lock()
         self.hits = 0
@@ -115,7 +117,9 @@ class ByteBudgetCache:
                 self._growing.add(key)
             else:
                 self._growing.discard(key)
-            self._reweigh()
+            self._puts_since_reweigh += 1
+            if self._puts_since_reweigh >= len(self._growing):
+                self._reweigh()
             self._evict()
 
     def clear(self) -> None:
@@ -125,6 +129,7 @@ class ByteBudgetCache:
             self._nbytes = 0
 
     def _reweigh(self) -> None:
+        self._puts_since_reweigh = 0
         for key in self._growing:
             value, size = self._entries[key]
             now = nbytes_of(value)

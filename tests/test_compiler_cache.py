@@ -156,3 +156,24 @@ def test_byte_budget_cache_counts_and_weighs() -> None:
     assert "half" in cache and 2 not in cache and cache.nbytes <= 10_000
     with pytest.raises(ValueError, match="max_bytes"):
         ByteBudgetCache(max_bytes=-1)
+
+
+def test_grown_grammars_are_evicted_within_as_many_insertions_as_grow(byte_vocab, monkeypatch) -> None:
+    """Growing values are weighed again once per len(growing) insertions (not all at every one):
+    a grammar that grew past the budget still goes, at the latest that many insertions later."""
+    grammars = [constrain.GrammarCompiler().compile_regex(f"[a-z]{{0,{200 + i}}}", byte_vocab) for i in range(3)]
+    small = sum(g.estimated_bytes() for g in grammars)
+    cache = ByteBudgetCache(max_bytes=small + 5_000)
+    for i, g in enumerate(grammars):
+        cache.put(i, g)
+    walk_masks(grammars[0], b"q" * 200)  # grows by far more than the 5 kB left
+    assert grammars[0].estimated_bytes() > small + 5_000 - sum(g.estimated_bytes() for g in grammars[1:])
+    for j in range(len(grammars)):
+        cache.put(("filler", j), np.zeros(1, np.int32))
+    assert 0 not in cache and 1 in cache and 2 in cache and cache.nbytes <= cache.max_bytes
+    weighings = []
+    for g in grammars[1:]:
+        monkeypatch.setattr(g, "estimated_bytes", lambda g=g, real=g.estimated_bytes: weighings.append(g) or real())
+    for j in range(40):
+        cache.put(("more", j), np.zeros(1, np.int32))
+    assert len(weighings) <= 40 + 2  # about one per insertion, not len(growing) per insertion
