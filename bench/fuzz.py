@@ -34,7 +34,8 @@ from bench.compare import git_commit, machine
 from constrain.testing import fuzz
 from constrain.testing.corpus import DEFAULT_DATA
 
-HARD_MARGIN_S = 30.0   # past the watchdog by this much, the worker itself is stuck
+HARD_MARGIN_S = 240.0  # past the (CPU-time) watchdog by this much wall time, the worker itself is stuck
+                       # (native code, a blocked wait); generous, since others may load the machine
 
 _pool: list[Any] = []
 _vocabs: dict[str, Any] = {}
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 del running[seed]
                 counts["cases"] += 1
                 counts[f"cases_{kind}"] += 1
+                counts[f"cases_{kind}_{vocab}"] += 1
                 try:
                     found = result.get()
                 except Exception as exc:  # the worker died (a segfault shows up here as a broken pool)
@@ -126,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - started
     command = "python3 bench/fuzz.py " + " ".join(argv if argv is not None else sys.argv[1:])
     report = {"date": stamp, "commit": git_commit(), "machine": machine(), "command": command,
-              "seconds": round(elapsed, 1), "jobs": args.jobs, "counts": {p: counts[p] for p in ("cases", *fuzz.PROPERTIES)},
-              "cases_by_kind": {k: counts[f"cases_{k}"] for k in kinds}, "failures": failures}
+              "seconds": round(elapsed, 1), "jobs": args.jobs, "counts": {p: counts[p] for p in ("cases", *fuzz.PROPERTIES, *fuzz.NOTES)},
+              "cases_by_kind": {k: counts[f"cases_{k}"] for k in kinds},
+              "cases_by_kind_vocab": {f"{k}/{v}": counts[f"cases_{k}_{v}"] for k in kinds for v in dict.fromkeys(vocabs)},
+              "failures": failures}
     out.with_suffix(".json").write_text(json.dumps(report, indent=1, ensure_ascii=False, default=str))
     markdown = render(report)
     out.with_suffix(".md").write_text(markdown)
@@ -143,8 +147,17 @@ def render(report: dict[str, Any]) -> str:
              f"`{report['command']}`", "",
              "| cases | " + " | ".join(fuzz.PROPERTIES) + " |", "|" + "---|" * (1 + len(fuzz.PROPERTIES)),
              f"| {counts['cases']} | " + " | ".join(str(counts[p]) for p in fuzz.PROPERTIES) + " |", "",
-             "Cases by kind: " + ", ".join(f"{k} {n}" for k, n in report["cases_by_kind"].items()), ""]
+             "Cases by kind: " + ", ".join(f"{k} {n}" for k, n in report["cases_by_kind"].items()),
+             "(by kind and vocabulary: " + ", ".join(f"{k} {n}" for k, n in report.get("cases_by_kind_vocab", {}).items()) + ")", ""]
+    notes = [f for f in report["failures"] if f["property"] in fuzz.NOTES]
+    for note in fuzz.NOTES:  # not failures: a clear budget refusal in time, an oracle that cannot judge
+        seen = [f for f in notes if f["property"] == note]
+        if seen:
+            lines += [f"Not failures, {note}: {len(seen)} (" + ", ".join(
+                f"{f['kind']} {f['seed']} {f['vocab']}" for f in seen[:40]) + (", ..." if len(seen) > 40 else "") + ")", ""]
     for f in report["failures"]:
+        if f["property"] in fuzz.NOTES:
+            continue
         source = f.get("source")
         text = source if isinstance(source, str) else json.dumps(source, ensure_ascii=False)
         lines += [f"- **{f['property']}** {f['kind']} seed {f['seed']} ({f['vocab']}): {f['detail'][:300]}",

@@ -191,3 +191,57 @@ def test_deep_inputs_in_a_fresh_process() -> None:
         "print(sys.getrecursionlimit())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert "GrammarError constraint nests more than" in out.stdout and out.stdout.split()[-1] == "1000"
+
+
+# ---------------------------------------------------------------- found by the long fuzz run (issue 11)
+
+
+@pytest.mark.parametrize("text, accepted", [
+    ('start: r1\nr0: r1\nr1: | "b" r0 | "x" r0+\n', [b"", b"b", b"x", b"bb", b"xb"]),
+    # lark seed 130 of bench/fuzz.py, whose oracle accepts b"bbc" (start: r1 "b" "c", r1: "b" r0, r0: r1: empty)
+    ('start: r1 "b" "c" | (r2 "b"? "b")* (r1? r2 | "b" "b"* "b") ("ab" | "b" "c"*)\nr0: r1 | "b"\n'
+     'r1: r2+ ("b" | "b") | "a"? T* T? | "b" (r0 | "b" r0+)\nr2: T | "a"? (T)\nT: /c[ab]?/\n', [b"bbc", b"bc"]),
+])
+def test_a_nullable_rule_asked_inside_its_own_cycle_stays_nullable(text: str, accepted: list[bytes]) -> None:
+    """``r0`` is asked whether it is nullable while ``r1``'s body (which ``r0`` is) is still open: the
+    cycle is cut there, and what was computed under that cut must not be cached as final."""
+    compiled = constrain.compile_lark(text, BYTES)
+    for data in accepted:
+        m = compiled.matcher()
+        assert m.accept_bytes(data) and m.is_accepting(), data
+
+
+def test_the_table_answers_nullable_consistently_through_rule_cycles() -> None:
+    g = ir.Grammar({"start": ir.ref("r1"), "r0": ir.ref("r1"),
+                    "r1": ir.alt(ir.EMPTY, ir.seq(ir.literal("b"), ir.ref("r0")),
+                                 ir.seq(ir.literal("x"), ir.repeat(ir.ref("r0"), 1)))})
+    table = ExprTable(g)
+    after_b = table.derive(table.start, ord("b"))
+    assert table.nullable(after_b)
+    assert table.nullable(table.derive(after_b, ord("b")))
+
+
+def test_an_intersection_with_a_dead_complement_is_its_other_member() -> None:
+    """``x & not(nothing)`` is ``x``: once the input leaves a ``not`` branch (schema seed 1049's
+    ``not: {const: 1, ...}`` after ``{``), the document is structural again, and its shortest
+    completion exact, so the budget-aware close finds it."""
+    schema = {"type": "object", "properties": {"t": {"type": "string", "format": "date-time"}},
+              "required": ["t"], "not": {"const": 1}}
+    compiled = constrain.compile_json_schema(schema, BYTES)
+    m = matcher_after(compiled, b'{"x":[[[')
+    shortest = m.min_completion_bytes()
+    assert shortest == len(b']]],"t":"0000-00-00T00:00:00Z"}')
+    left = int(shortest) + 1
+    bitmask = constrain.allocate_token_bitmask(1, BYTES.vocab_size)
+    while True:  # follow the budget-aware close with exactly the tokens needed: it never runs dry
+        m.fill_next_token_bitmask(bitmask, 0, tokens_left=left)
+        words = bitmask[0].numpy().astype("<i4").view(np.uint8)
+        allowed = np.flatnonzero(np.unpackbits(words, bitorder="little")[:BYTES.vocab_size])
+        assert len(allowed), f"empty budget-aware mask with {left} tokens left"
+        token = int(allowed[0]) if left > 1 or EOS not in allowed else EOS
+        if EOS in allowed and m.is_accepting():
+            token = EOS
+        assert m.accept_token(token)
+        left -= 1
+        if token == EOS:
+            break

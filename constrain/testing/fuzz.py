@@ -15,16 +15,26 @@ the mask; a finished document must satisfy the oracle. The properties:
 Also counted: ``dead_end`` (a compiled constraint with no way to finish: an empty mask before the
 end, or a budget-aware close that leaves nothing) and ``incomplete`` (a short string the oracle
 accepts and the matcher refuses: completeness, not soundness).
+
+Not failures, counted in ``NOTES``: ``budget`` (a verb that stopped with ``BudgetExceededError``, the
+compile budget bounding lazy growth at decode time, within the budget's time: a clear refusal; one
+that came late, see ``Refused``, is a ``hang``) and ``no_oracle`` (the oracle itself raised on
+the constraint or a document, e.g. ``jsonschema`` on a schema its metaschema forbids: nothing to
+judge by). JSON numbers reach ``jsonschema`` as ``ExactNumber``: JSON Schema compares the decimal
+values written, and float64 would make ``6392170690045133614395.2`` an integer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import decimal
+import fractions
 import itertools
 import json
 import random
 import re
 import signal
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,12 +44,13 @@ import lark
 import numpy as np
 
 import constrain
-from constrain.budget import CompileBudget
+from constrain.budget import BudgetExceededError, CompileBudget
 from constrain.grammars.errors import GrammarError
 from constrain.testing.corpus import DEFAULT_DATA, JSB_SUBSETS, load_cases, suite_files
 from constrain.testing.schema_check import oracle
 
 PROPERTIES = ("crash", "hang", "unsound", "disagree", "dead_end", "incomplete")
+NOTES = ("budget", "no_oracle")      # counted, not failures (see the module docstring)
 KINDS = ("regex", "lark", "schema")
 ALPHABET = "abc"
 EXHAUSTIVE_LENGTH = 4          # every string over ALPHABET up to this length is checked
@@ -49,7 +60,7 @@ MAX_CHECKED_TOKENS = 400       # mask tokens checked by accept_token per step on
 P_STOP = 0.3                   # a walk stops where it may with this probability
 MAX_SCHEMA_CHARS = 3000        # corpus schemas larger than this are not mutated (speed)
 FUZZ_BUDGET = CompileBudget(seconds=5.0, max_bytes=1 << 30)
-WATCHDOG_S = 60.0              # a case (compile, walks, checks) past this is a hang
+WATCHDOG_S = 60.0              # a case (compile, walks, checks) past this much CPU time is a hang
 
 
 @dataclass
@@ -218,19 +229,120 @@ class Hang(Exception):
     pass
 
 
+class NoOracle(Exception):
+    """The oracle cannot judge: it raised on the constraint or on a document."""
+
+
+class Refused(Exception):
+    """A verb stopped with ``BudgetExceededError`` (``late``: long past the budget, see ``__init__``)."""
+
+    def __init__(self, error: BudgetExceededError, seconds: float, cpu_seconds: float) -> None:
+        super().__init__(str(error))
+        self.seconds = seconds
+        # Late: past twice the budget and a second, in wall time and (so that a machine loaded
+        # by others does not count) in CPU time past the budget and a second.
+        self.late = seconds > 2 * FUZZ_BUDGET.seconds + 1.0 and cpu_seconds > FUZZ_BUDGET.seconds + 1.0
+
+
+def _verb(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, a ``BudgetExceededError`` turned into ``Refused`` with its time."""
+    t0, c0 = time.monotonic(), time.process_time()
+    try:
+        return fn(*args, **kwargs)
+    except BudgetExceededError as exc:
+        raise Refused(exc, time.monotonic() - t0, time.process_time() - c0) from exc
+
+
+MAX_EXPONENT = 400   # a number literal with a larger exponent is not judged (exact arithmetic would explode)
+
+
+def _exact(x: Any) -> fractions.Fraction | None:
+    """The exact value of a JSON Schema number: a float is read as the decimal it was written as."""
+    if isinstance(x, ExactNumber):
+        return x.exact
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    if isinstance(x, float):
+        return fractions.Fraction(repr(x)) if x == x and abs(x) != float("inf") else None
+    return fractions.Fraction(x)
+
+
+class ExactNumber(float):
+    """A JSON number literal with a fraction or an exponent: a float to ``jsonschema`` (so every
+    keyword treats it as a number), but compared, divided and tested for integrality by its exact
+    decimal value, as JSON Schema reads it (``6392170690045133614395.2`` is no integer, though
+    float64 rounds it to one)."""
+
+    exact: fractions.Fraction
+
+    def __new__(cls, text: str) -> ExactNumber:
+        value = decimal.Decimal(text)
+        exponent = value.as_tuple().exponent
+        if not isinstance(exponent, int) or abs(exponent) + len(text) > MAX_EXPONENT:
+            raise NoOracle(f"number {text[:40]} is beyond exact judging")
+        self = super().__new__(cls, float(text))
+        self.exact = fractions.Fraction(value)
+        return self
+
+    def is_integer(self) -> bool:
+        return self.exact.denominator == 1
+
+    def _cmp(self, other: Any, op: Callable[[Any, Any], bool]) -> Any:
+        theirs = _exact(other)
+        if theirs is None:
+            return op(float(self), other) if isinstance(other, float) else NotImplemented
+        return op(self.exact, theirs)
+
+    def __eq__(self, other: Any) -> Any:
+        return self._cmp(other, lambda a, b: a == b)
+
+    def __ne__(self, other: Any) -> Any:
+        return self._cmp(other, lambda a, b: a != b)
+
+    def __lt__(self, other: Any) -> Any:
+        return self._cmp(other, lambda a, b: a < b)
+
+    def __le__(self, other: Any) -> Any:
+        return self._cmp(other, lambda a, b: a <= b)
+
+    def __gt__(self, other: Any) -> Any:
+        return self._cmp(other, lambda a, b: a > b)
+
+    def __ge__(self, other: Any) -> Any:
+        return self._cmp(other, lambda a, b: a >= b)
+
+    def __hash__(self) -> int:
+        return hash(self.exact)
+
+    def __truediv__(self, other: Any) -> Any:   # multipleOf with a float divisor
+        theirs = _exact(other)
+        return self.exact / theirs if theirs else float(self) / other
+
+    def __mod__(self, other: Any) -> Any:       # multipleOf with an integer divisor
+        theirs = _exact(other)
+        return self.exact % theirs if theirs else float(self) % other
+
+
+def parse_json(data: bytes) -> Any:
+    """A document as ``jsonschema`` should see it: numbers with a fraction or exponent exact."""
+    return json.loads(data, parse_float=ExactNumber)
+
+
 @contextlib.contextmanager
 def watchdog(seconds: float) -> Iterator[None]:
-    """Raise ``Hang`` in the main thread after ``seconds`` (SIGALRM)."""
+    """Raise ``Hang`` in the main thread after ``seconds`` of this process's CPU time (SIGPROF):
+    a loaded machine slows a case down without making it a hang. A worker stuck without using
+    CPU is caught by ``bench/fuzz.py``'s wall-clock margin instead."""
     def fire(signum: int, frame: Any) -> None:
         raise Hang()
 
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    old = signal.signal(signal.SIGPROF, fire)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, old)
 
 
 def check_case(case: FuzzCase, vocab: constrain.Vocabulary, rng: random.Random,
@@ -241,7 +353,15 @@ def check_case(case: FuzzCase, vocab: constrain.Vocabulary, rng: random.Random,
         with watchdog(watchdog_s):
             _check(case, vocab, rng, failures)
     except Hang:
-        failures.append(Failure("hang", case, f"still running after {watchdog_s:g} s (compile budget {FUZZ_BUDGET})"))
+        failures.append(Failure("hang", case, f"still running after {watchdog_s:g} s of CPU time (compile budget {FUZZ_BUDGET})"))
+    except Refused as exc:  # the budget bounding lazy growth: a clear error, if it came in time
+        if exc.late:
+            failures.append(Failure("hang", case, f"BudgetExceededError only after {exc.seconds:.1f} s "
+                                    f"(budget {FUZZ_BUDGET.seconds:g} s): {exc}"[:500]))
+        else:
+            failures.append(Failure("budget", case, f"after {exc.seconds:.1f} s: {exc}"[:500]))
+    except NoOracle as exc:
+        failures.append(Failure("no_oracle", case, str(exc)[:500]))
     except Exception as exc:  # a verb that raised: a bug
         failures.append(Failure("crash", case, f"{type(exc).__name__}: {exc}"[:500]))
     return failures
@@ -249,15 +369,18 @@ def check_case(case: FuzzCase, vocab: constrain.Vocabulary, rng: random.Random,
 
 def _check(case: FuzzCase, vocab: constrain.Vocabulary, rng: random.Random, failures: list[Failure]) -> None:
     accepts = _oracle(case)
-    if accepts is None:
-        return  # the oracle itself refuses the constraint: nothing to compare with
+    t0, c0 = time.monotonic(), time.process_time()
     try:
         compiled = _compile(case, vocab)
-    except GrammarError:
-        return  # a clear refusal is allowed
+    except GrammarError as exc:  # a clear refusal is allowed, a budget one only in time
+        if isinstance(exc, BudgetExceededError):
+            raise Refused(exc, time.monotonic() - t0, time.process_time() - c0) from exc
+        return
     except Exception as exc:
         failures.append(Failure("crash", case, f"compile raised {type(exc).__name__}: {exc}"[:500]))
         return
+    if accepts is None:
+        return  # the oracle itself refuses the constraint: only the compile is checked (no crash)
     if case.kind != "schema":
         _check_short_strings(case, compiled, accepts, failures)
     for _ in range(WALKS_PER_CASE):
@@ -292,6 +415,8 @@ def _oracle(case: FuzzCase) -> Callable[[bytes], bool] | None:
                 return text is not None and parser.parse(text) is not None
             except lark.exceptions.LarkError:
                 return False
+            except Exception as exc:  # lark's own failure (RecursionError on a deep parse): no judge
+                raise NoOracle(f"lark raised {type(exc).__name__}: {exc}") from exc
 
         return parses
     try:
@@ -301,9 +426,15 @@ def _oracle(case: FuzzCase) -> Callable[[bytes], bool] | None:
 
     def valid(data: bytes) -> bool:
         try:
-            return bool(validator.is_valid(json.loads(data)))
+            document = parse_json(data)
         except ValueError:
             return False
+        try:
+            return bool(validator.is_valid(document))
+        except RecursionError:
+            raise NoOracle("jsonschema: RecursionError") from None
+        except Exception as exc:  # jsonschema on a schema its metaschema forbids (`"items": false` in draft-04)
+            raise NoOracle(f"jsonschema raised {type(exc).__name__}: {exc}") from exc
 
     return valid
 
@@ -323,7 +454,7 @@ def _check_short_strings(case: FuzzCase, compiled: constrain.CompiledGrammar, ac
         for chars in itertools.product(letters, repeat=n):
             data = "".join(chars).encode()
             m = compiled.matcher()
-            ours = m.accept_bytes(data) and m.is_accepting()
+            ours = _verb(m.accept_bytes, data) and _verb(m.is_accepting)
             theirs = accepts(data)
             if ours and not theirs:
                 failures.append(Failure("unsound", case, f"accepts {data!r}, the oracle refuses it"))
@@ -339,7 +470,7 @@ def _walk(case: FuzzCase, compiled: constrain.CompiledGrammar, accepts: Callable
     vocab = compiled.vocab
     eos = set(vocab.eos_token_ids)
     m = compiled.matcher()
-    shortest = m.min_completion_bytes()
+    shortest = _verb(m.min_completion_bytes)
     if shortest == float("inf"):
         failures.append(Failure("dead_end", case, "compiled, but no document can be completed"))
         return
@@ -349,7 +480,7 @@ def _walk(case: FuzzCase, compiled: constrain.CompiledGrammar, accepts: Callable
     tokens: list[int] = []
     doc = b""
     while True:
-        allowed = m.allowed_token_ids()
+        allowed = _verb(m.allowed_token_ids)
         if not len(allowed):
             failures.append(Failure("dead_end", case, f"empty mask after {doc!r}", tokens))
             return
@@ -357,7 +488,7 @@ def _walk(case: FuzzCase, compiled: constrain.CompiledGrammar, accepts: Callable
         if bad is not None:
             failures.append(Failure("disagree", case, f"after {doc!r}: {bad}", tokens))
             return
-        m.fill_next_token_bitmask(bitmask, 0, tokens_left=budget - len(tokens))
+        _verb(m.fill_next_token_bitmask, bitmask, 0, tokens_left=budget - len(tokens))
         close = _ids(bitmask[0].numpy(), len(vocab.token_bytes))
         if not np.isin(close, allowed, assume_unique=True).all():
             failures.append(Failure("disagree", case, f"after {doc!r}: the budget-aware mask allows tokens the "
@@ -372,14 +503,19 @@ def _walk(case: FuzzCase, compiled: constrain.CompiledGrammar, accepts: Callable
         words = [t for t in listed if t not in eos]
         token = stops[0] if stops and (not words or rng.random() < P_STOP) else rng.choice(words)
         tokens.append(token)
-        if not m.accept_token(token):
+        if not _verb(m.accept_token, token):
             failures.append(Failure("disagree", case, f"after {doc!r}: accept_token({token}) refused a mask token",
                                     tokens))
             return
         if token in eos:
             break
         doc += vocab.token_bytes[token] or b""
-    if not accepts(doc):
+    try:
+        valid = accepts(doc)
+    except NoOracle as exc:  # this document (a huge exponent) or every one (jsonschema raising)
+        failures.append(Failure("no_oracle", case, f"{doc!r}: {exc}"[:500], tokens))
+        return
+    if not valid:
         failures.append(Failure("unsound", case, f"finished document {doc!r} is refused by the oracle", tokens))
 
 
@@ -405,7 +541,7 @@ def _disagreement(m: constrain.Matcher, allowed: np.ndarray, lengths: np.ndarray
         sample = rng.sample(range(len(allowed)), min(len(allowed), MAX_CHECKED_TOKENS))
         candidates = allowed[sample].tolist() + longest + [rng.randrange(n_tokens) for _ in range(MAX_CHECKED_TOKENS)]
     for t in candidates:
-        if m.fork().accept_token(t) != in_mask[t]:
+        if _verb(m.fork().accept_token, t) != in_mask[t]:
             return f"token {t} is {'in' if in_mask[t] else 'not in'} the mask and accept_token says the opposite"
     return None
 
