@@ -282,3 +282,21 @@ def test_too_many_alternatives_is_a_typed_schema_error() -> None:
     with pytest.raises(TooManyAlternatives, match=f"more than {MAX_ALTERNATIVES} alternatives") as info:
         json_schema_to_grammar({"allOf": branches})
     assert isinstance(info.value, SchemaError)
+
+
+# ---------------------------------------------------------------- the long fuzz run (schema seed 572)
+
+
+@pytest.mark.parametrize("text, integer", [
+    (b"6392170690045133614395.2", False), (b"6392170690045133614395", True),
+    (b"6392170690045133614395.0", True), (b"1.5", False), (b"2.000000000000000001", False), (b"1e2", True),
+])
+def test_integer_is_the_decimal_written_not_its_float64(text: bytes, integer: bool) -> None:
+    """JSON Schema judges the number's mathematical value: ``6392170690045133614395.2`` has a
+    fraction, so it is no ``integer`` (float64, which rounds it to an integer, would say it is)."""
+    is_integer = constrain.compile_json_schema({"type": "integer"}, BYTES)
+    no_integer = constrain.compile_json_schema(
+        {"$schema": "https://json-schema.org/draft/2020-12/schema",
+         "not": {"anyOf": [{"type": "integer", "maxProperties": 2}, {"type": "string"}]}}, BYTES)
+    assert not accepts(is_integer, text) or integer  # it may write integers plainly only (1e2, 1.0)
+    assert accepts(no_integer, text) == (not integer)
