@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from constrain import Vocabulary, allocate_token_bitmask
-from constrain.engine.speculative import NgramIndex, SpeculativeConfig, choose_lookup_length
+from constrain.engine.speculative import SpeculativeConfig, choose_draft_length
 from constrain.engine.types import GenerationRequest, GenerationResult
 
 logger = logging.getLogger("constrain")
@@ -52,8 +52,8 @@ logger = logging.getLogger("constrain")
 # the document's shortest completion (in bytes, one per token at worst); before that the plain
 # mask is the same, and on the GPU path it comes from the state table with no host work.
 BUDGET_MARGIN = 32
-RATE_DECAY = 0.7  # weight of a row's past lookup acceptance rate against its latest draft
-FORCED, FORCED_DRAFT, LOOKUP = 0, 1, 2  # a draft position: forced text riding along, or a drafter's
+RATE_DECAY = 0.7  # weight of a row's past acceptance rate of a drafter against its latest draft
+FORCED = -1  # a draft position of forced text riding along (others: the index of their drafter)
 
 
 class _DraftEnd(Exception):
@@ -87,12 +87,12 @@ class Row:
     # speculation: this step's draft, which of its positions are forced text, whether a bonus
     # token may follow it; draft tokens proposed / accepted so far; the lookup drafter's state
     draft: list[int] = field(default_factory=list)
-    draft_kind: list[int] = field(default_factory=list)  # FORCED, FORCED_DRAFT or LOOKUP
+    draft_kind: list[int] = field(default_factory=list)  # FORCED or the drafter's index
     draft_bonus: bool = True
     proposed: int = 0
     accepted: int = 0
-    lookup: NgramIndex | None = None
-    lookup_rate: float = 1.0
+    rates: dict[int, float] = field(default_factory=dict)  # per drafter: acceptance rate per token
+    drafter_state: dict[object, Any] = field(default_factory=dict)  # per drafter: its own
 
 
 class StepBackend(Protocol):
@@ -150,6 +150,7 @@ class Scheduler:
         self._stop_set = set(vocab.eos_token_ids)
         self._forced_cache: dict[tuple[int, int], list[int]] = {}
         self.speculative = SpeculativeConfig.parse(speculative)
+        self._drafters = self.speculative.build() if self.speculative is not None else []
         self._masks: torch.Tensor | None = None  # (rows, positions, words) draft masks
 
     # -- queue -------------------------------------------------------------------------------
@@ -390,27 +391,21 @@ class Scheduler:
         req, m = s.request, s.matcher
         if m is None or req.grammar is None or not req.force_tokens or m.is_terminated():
             return []
-        return self._forced_ids(s)[:-1][: max(s.budget - len(s.generated) - ahead - 1, 0)]
+        return self.forced_ids(s)[:-1][: max(s.budget - len(s.generated) - ahead - 1, 0)]
 
     def _propose(self, s: Row, k: int) -> list[tuple[int, int]]:
-        """Up to ``k`` (token, kind) draft tokens at ``s``'s walked state: the forced text first
-        (with the last canonical token, which the plain path leaves to the model), then lookup."""
+        """Up to ``k`` (token, drafter index) draft tokens at ``s``'s walked state, each drafter
+        continuing the one before (an adaptive drafter is held to what its rate makes worth it)."""
         cfg = self.speculative
         assert cfg is not None
         out: list[tuple[int, int]] = []
-        m = s.matcher
-        if "forced" in cfg.drafters and m is not None and not m.is_terminated():
-            out = [(t, FORCED_DRAFT) for t in self._forced_ids(s)[:k]]
-        if "lookup" in cfg.drafters and len(out) < k:
+        for i, drafter in enumerate(self._drafters):
             n = k - len(out)
-            if cfg.adaptive:
-                n = min(n, max(1, choose_lookup_length(s.lookup_rate, cfg.max_draft, cfg.cost)))
-            index = s.lookup
-            if index is None:
-                index = s.lookup = NgramIndex(cfg.max_ngram)
-                index.extend(s.request.prompt_ids)
-            index.extend(s.generated[len(index.seq) - len(s.request.prompt_ids):])
-            out += [(t, LOOKUP) for t in index.lookup(s.draft + [t for t, _ in out], n)]
+            if n <= 0:
+                break
+            if cfg.adaptive and drafter.adaptive:
+                n = min(n, max(1, choose_draft_length(s.rates.get(i, 1.0), cfg.max_draft, cfg.cost)))
+            out += [(t, i) for t in drafter.propose(s, s.draft + [t for t, _ in out], n, self)[:n]]
         return out
 
     def _count_draft(self, s: Row, toks: list[int]) -> list[int]:
@@ -425,11 +420,12 @@ class Scheduler:
         s.proposed += sum(k != FORCED for k in kinds)
         s.accepted += sum(k != FORCED for k in kinds[:n_acc])
         s.forced += sum(k == FORCED for k in kinds[:n_acc])
-        looked = sum(k == LOOKUP for k in kinds)
-        if looked:
-            hit = sum(k == LOOKUP for k in kinds[:n_acc])
-            rate = 1.0 if hit == looked else hit / (hit + 1)  # per-token rate, from a censored run
-            s.lookup_rate = RATE_DECAY * s.lookup_rate + (1 - RATE_DECAY) * rate
+        for i, drafter in enumerate(self._drafters):
+            looked = sum(k == i for k in kinds)
+            if drafter.adaptive and looked:
+                hit = sum(k == i for k in kinds[:n_acc])
+                rate = 1.0 if hit == looked else hit / (hit + 1)  # per-token rate, from a censored run
+                s.rates[i] = RATE_DECAY * s.rates.get(i, 1.0) + (1 - RATE_DECAY) * rate
         return toks
 
     def _fail(self, s: Row, message: str) -> None:
@@ -444,17 +440,20 @@ class Scheduler:
         if req.grammar is None or not req.force_tokens or s.budget - len(s.generated) <= 1:
             return
         n = 0
-        ids = self._forced_ids(s)[:-1]
-        for t in ids[: s.budget - len(s.generated) - 1]:
-            if not m.accept_token(t):
-                break
-            n += 1
+        ids = self.forced_ids(s)[:-1]
+        try:
+            for t in ids[: s.budget - len(s.generated) - 1]:
+                if not m.accept_token(t):
+                    break
+                n += 1
+        except Exception as exc:  # a broken matcher ends its own request, not the batch
+            self._fail(s, f"the constraint raised {type(exc).__name__}: {exc} on forced text")
         s.generated.extend(ids[:n])
         s.pending.extend(ids[:n])
         s.forced += n
         s.forced_now = n
 
-    def _forced_ids(self, s: Row) -> list[int]:
+    def forced_ids(self, s: Row) -> list[int]:
         """The canonical tokens of the forced text at ``s``'s state, all of them (plain steps
         append all but the last); none if they do not spell it."""
         assert s.request.grammar is not None
@@ -516,4 +515,5 @@ class Scheduler:
             error=s.error,
             draft_tokens=s.proposed,
             accepted_draft_tokens=s.accepted,
+            steps=s.draws,
         )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
@@ -29,21 +29,71 @@ from constrain.engine.sampler import SamplingParams, sample, step_seed
 from constrain.kernels import apply_token_bitmask_inplace, verify_draft
 
 if TYPE_CHECKING:
-    from constrain.engine.scheduler import Row
+    from constrain.engine.scheduler import Row, Scheduler
 
 DRAFTERS = ("forced", "lookup")
 
 
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes draft tokens for one row. The scheduler cuts them at the first token the
+    constraint forbids and verifies the rest, so a drafter needs no notion of the grammar.
+    ``adaptive``: the row's acceptance rate of this drafter bounds how many tokens it proposes."""
+
+    adaptive: bool
+
+    def propose(self, row: Row, tail: list[int], k: int, scheduler: Scheduler) -> list[int]:
+        """Up to ``k`` tokens to follow the row's prompt + generated tokens + ``tail`` (the draft
+        so far; the row's matcher is walked along it). State of its own goes in
+        ``row.drafter_state[self]``."""
+        ...
+
+
+class ForcedDrafter:
+    """The constraint's forced continuation, all of its canonical tokens: the plain path
+    appends all but the last and leaves the last to the model (BPE may merge it with what
+    follows); as a draft it is verified, so proposing it is safe."""
+
+    adaptive = False
+
+    def propose(self, row: Row, tail: list[int], k: int, scheduler: Scheduler) -> list[int]:
+        m = row.matcher
+        if m is None or row.request.grammar is None or m.is_terminated():
+            return []
+        return scheduler.forced_ids(row)[:k]
+
+
+class LookupDrafter:
+    """Prompt lookup: what followed the latest earlier occurrence of the longest suffix (up to
+    ``max_ngram`` tokens) of the sequence, in the prompt or the output (extraction copies spans
+    of its input)."""
+
+    adaptive = True
+
+    def __init__(self, max_ngram: int = 3) -> None:
+        self.max_ngram = max_ngram
+
+    def propose(self, row: Row, tail: list[int], k: int, scheduler: Scheduler) -> list[int]:
+        index = row.drafter_state.get(self)
+        prompt = row.request.prompt_ids
+        if index is None:
+            index = row.drafter_state[self] = NgramIndex(self.max_ngram)
+            index.extend(prompt)
+        index.extend(row.generated[len(index.seq) - len(prompt):])
+        return index.lookup(tail, k)
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """How the engine drafts. ``drafters``: any of "forced" (the grammar's forced continuation,
-    all its canonical tokens, the last one included) and "lookup" (prompt lookup), in that order.
-    ``max_draft`` bounds a row's draft; ``adaptive`` lets each row's lookup acceptance rate choose
-    how many lookup tokens to verify (``cost`` = verifying one more token, relative to a step).
-    ``mask_drafts=False`` leaves lookup drafts uncut by the constraint (a forbidden draft token
-    is then rejected by verification): only for measuring what masking drafts buys."""
+    """How the engine drafts. ``drafters``, each continuing the draft of the one before:
+    "forced" (``ForcedDrafter``), "lookup" (``LookupDrafter``), or ``Drafter`` objects.
+    ``max_draft`` bounds the tokens drafters propose per row and step (forced text the plain
+    path would append rides along on top); ``adaptive`` lets each row's acceptance rate of an
+    adaptive drafter choose how many of its tokens to verify (``cost``: verifying one more token,
+    relative to a step). ``mask_drafts=False`` leaves drafts uncut by the constraint (a forbidden
+    draft token is then rejected by verification): only for measuring what masking drafts buys."""
 
-    drafters: tuple[str, ...] = DRAFTERS
+    drafters: tuple[str | Drafter, ...] = DRAFTERS
     max_draft: int = 5
     max_ngram: int = 3
     adaptive: bool = True
@@ -51,11 +101,16 @@ class SpeculativeConfig:
     mask_drafts: bool = True
 
     def __post_init__(self) -> None:
-        bad = [d for d in self.drafters if d not in DRAFTERS]
+        bad = [d for d in self.drafters if not isinstance(d, Drafter) and d not in DRAFTERS]
         if bad or not self.drafters:
-            raise ValueError(f"drafters must be a non-empty subset of {DRAFTERS}, got {self.drafters!r}")
+            raise ValueError(f"drafters must be names in {DRAFTERS} or Drafter objects, got {self.drafters!r}")
         if self.max_draft < 1 or self.max_ngram < 1:
             raise ValueError("max_draft and max_ngram must be >= 1")
+
+    def build(self) -> list[Drafter]:
+        """The drafter objects, in order (names instantiated)."""
+        made: dict[str, Drafter] = {"forced": ForcedDrafter(), "lookup": LookupDrafter(self.max_ngram)}
+        return [made[d] if isinstance(d, str) else d for d in self.drafters]
 
     @classmethod
     def parse(cls, spec: str | bool | SpeculativeConfig | None) -> SpeculativeConfig | None:
@@ -105,8 +160,8 @@ class NgramIndex:
         return []
 
 
-def choose_lookup_length(rate: float, max_k: int, cost: float) -> int:
-    """Lookup tokens to verify for a row whose lookup drafts are accepted at ``rate`` per token:
+def choose_draft_length(rate: float, max_k: int, cost: float) -> int:
+    """Draft tokens to verify for a row whose drafts are accepted at ``rate`` per token:
     the k maximising (1 + expected accepted) / (1 + cost * k), the expected accepted tokens of a
     k-draft being rate + rate^2 + ... + rate^k (each one survives only if all before it did)."""
     best_k, best = 0, 1.0

@@ -55,7 +55,9 @@ class GenerationResult:
     ``error`` says what, and the other requests of the batch were not affected.
     With speculation on, ``draft_tokens`` counts the draft tokens verified for this request
     (forced text riding along a draft not included) and ``accepted_draft_tokens`` those the
-    target accepted; ``forced_tokens`` includes forced text emitted inside drafts.
+    target accepted; ``forced_tokens`` includes forced text emitted inside drafts. ``steps``:
+    the decode steps (target forwards) the request took, so ``len(token_ids) / steps`` is its
+    mean accepted length.
     """
 
     text: str
@@ -67,6 +69,7 @@ class GenerationResult:
     error: str | None = None
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    steps: int = 0
 
     @property
     def valid(self) -> bool:

@@ -1,0 +1,361 @@
+"""Constraint-aware speculation (``engine.speculative`` on the one ``Scheduler``), on the CPU.
+
+Oracles: greedy speculation must emit exactly the tokens of plain greedy decoding (for any
+model, so a tiny random Llama over SmolLM2's real vocabulary serves for 200 schema prompts, and
+the real demo model for a few where prompt lookup is accepted); sampled speculation must follow
+plain masked sampling (chi-square against the exact distribution, enumerated from the model);
+after every step each row's matcher must be in the state a fresh matcher replayed over its
+tokens reaches, whatever drafts were proposed and rejected (hypothesis).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.engine import PERSON_SCHEMA, checker, engine
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from constrain import Vocabulary
+from constrain.engine.api import Engine, Request
+from constrain.engine.constraints import Constraint
+from constrain.engine.generate import run_requests
+from constrain.engine.graph_loop import GraphStep
+from constrain.engine.graph_runner import GraphRunner
+from constrain.engine.model import LoadedModel
+from constrain.engine.runner import EagerStep, ModelRunner
+from constrain.engine.sampler import SamplingParams
+from constrain.engine.scheduler import Row, Scheduler
+from constrain.engine.speculative import NgramIndex, SpeculativeConfig, choose_draft_length
+from constrain.engine.types import GenerationRequest
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+
+@pytest.fixture(autouse=True)
+def _torch_twins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU tensors through the kernels' torch twins, as the engine runs on a CPU, even when the
+    kernel tests set TRITON_INTERPRET in this process (the interpreter is correct, only slow)."""
+    import constrain.kernels._common as common
+
+    monkeypatch.setattr(common, "INTERPRET", False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Any:
+    """The tiny models' matmuls are far faster on one thread than split over busy cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+SCHEMAS = [
+    PERSON_SCHEMA,
+    {"type": "object", "properties": {"title": {"type": "string", "maxLength": 10}, "year": {"type": "integer"},
+                                      "isbn": {"type": "string", "pattern": "^[0-9]{3}$"}},
+     "required": ["title", "year", "isbn"]},
+    {"type": "object", "properties": {"status": {"enum": ["ok", "failed", "pending"]}, "paid": {"type": "boolean"}},
+     "required": ["status", "paid"], "additionalProperties": False},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 6},
+                                               "maxItems": 3}}, "required": ["tags"], "additionalProperties": False},
+    {"type": "object", "properties": {"address": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 10}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+        "required": ["city", "zip"], "additionalProperties": False}}, "required": ["address"]},
+]
+INSTANCES = [
+    lambda r: {"name": r.choice(["Ann", "Bob Marley", "Zoe"]), "age": r.randint(1, 99)},
+    lambda r: {"title": r.choice(["Dune", "Emma"]), "year": r.randint(1800, 2024), "isbn": f"{r.randint(0, 999):03d}"},
+    lambda r: {"status": r.choice(["ok", "failed", "pending"]), "paid": r.random() < 0.5},
+    lambda r: {"tags": r.sample(["red", "blue", "tall", "new"], r.randint(0, 3))},
+    lambda r: {"address": {"city": r.choice(["Oslo", "Lima"]), "zip": f"{r.randint(0, 99999):05d}"}},
+]
+
+
+def _tiny_llama(vocab_size: int, seed: int = 0, init: float = 0.5) -> Any:
+    """A random 2-layer Llama in float64: any model must give identity, and float64 keeps a
+    several-token forward's logits equal to a one-token forward's after the cast to float32."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      tie_word_embeddings=True, initializer_range=init)
+    return LlamaForCausalLM(cfg).to(torch.float64).eval()
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_engine() -> Engine:
+    """The tiny Llama over SmolLM2's real vocabulary and chat template."""
+    demo = engine().loaded
+    loaded = LoadedModel(_tiny_llama(demo.logits_width), demo.tokenizer, torch.device("cpu"), "tiny-llama",
+                         demo.eos_token_ids)
+    return Engine(loaded, max_batch=16, backend="eager")
+
+
+def _schema_requests(n: int, seed: int = 0) -> list[Request]:
+    """``n`` extraction-like prompts; the instance is in the prompt, so lookup has spans to copy."""
+    r = random.Random(seed)
+    out = []
+    for i in range(n):
+        k = i % len(SCHEMAS)
+        inst = json.dumps(INSTANCES[k](r), separators=(",", ":"))
+        budget = r.choice([8, 14, 24, 40, 40, 40])  # short ones: the budget-aware close, "length"
+        out.append(Request(f"Copy the record as JSON: {inst}\nText: {inst}", json_schema=SCHEMAS[k], max_tokens=budget))
+    return out
+
+
+def _run(eng: Engine, reqs: list[Request], spec: Any) -> list[Any]:
+    eng.speculative = SpeculativeConfig.parse(spec)
+    try:
+        return eng.run(reqs)
+    finally:
+        eng.speculative = None
+
+
+def _same(want: list[Any], got: list[Any]) -> None:
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids, (w.text, g.text)
+        assert (g.finish_reason, g.forced_tokens) == (w.finish_reason, w.forced_tokens)
+
+
+def test_greedy_speculation_is_token_identical_on_200_schema_prompts() -> None:
+    eng = tiny_engine()
+    reqs = _schema_requests(200)
+    want = _run(eng, reqs, None)
+    got = _run(eng, reqs, "forced+lookup")
+    _same(want, got)
+    for req, res in zip(reqs, got):
+        if res.finish_reason == "stop":
+            assert checker("json_schema", req.json_schema)(res.text), res.text
+        assert res.accepted_draft_tokens <= res.draft_tokens
+    assert sum(r.finish_reason == "stop" for r in got) > 100 and any(r.finish_reason == "length" for r in got)
+    assert sum(r.accepted_draft_tokens for r in got) > 100
+    assert sum(len(r.token_ids) for r in got) > sum(r.steps for r in got)  # fewer steps than tokens
+    assert sum(r.steps for r in got) < sum(r.steps for r in want)
+
+
+@pytest.mark.parametrize("spec", ["forced", "lookup", SpeculativeConfig(max_draft=2, adaptive=False),
+                                  SpeculativeConfig(mask_drafts=False)])
+def test_every_drafter_is_exact(spec: Any) -> None:
+    eng = tiny_engine()
+    reqs = _schema_requests(30, seed=1)
+    _same(_run(eng, reqs, None), _run(eng, reqs, spec))
+
+
+def test_graph_path_speculation_equals_plain() -> None:
+    """The graph step backend (run eagerly on the CPU) verifies drafts with the same result,
+    in a mixed batch (unconstrained, seeded top-k, constrained) with admission in rounds."""
+    eng = tiny_engine()
+    reqs = [eng._to_request(r) for r in _schema_requests(10, seed=2)]
+    reqs[3] = GenerationRequest(reqs[3].prompt_ids, None, max_tokens=10)
+    reqs[5] = GenerationRequest(reqs[5].prompt_ids, reqs[5].grammar, SamplingParams(0.7, top_k=5, seed=3), 20)
+    model = eng.loaded.model
+
+    def graph(spec: Any) -> list[Any]:
+        step = GraphStep(GraphRunner(model, 4, 256), eng.vocab.vocab_size)
+        return run_requests(Scheduler(step, eng.vocab, eng._encode, max_prefill_tokens=64, speculative=spec), reqs)
+
+    eager = run_requests(Scheduler(EagerStep(ModelRunner(model, 4, 256), eng.vocab.vocab_size), eng.vocab,
+                                   eng._encode, speculative=None), reqs)
+    plain, spec = graph(None), graph("forced+lookup")
+    _same(eager, plain)
+    _same(eager, spec)
+    assert sum(r.draft_tokens for r in spec) > 0
+
+
+def test_demo_model_copies_through_lookup() -> None:
+    """The real model copies spans of its prompt: lookup drafts are accepted, output unchanged."""
+    eng = engine()
+    r = random.Random(3)
+    reqs = []
+    for k in (0, 1, 4):
+        inst = json.dumps(INSTANCES[k](r), separators=(",", ":"))
+        reqs.append(Request(f"Repeat this JSON exactly: {inst}", json_schema=SCHEMAS[k], max_tokens=40))
+    want = _run(eng, reqs, None)
+    got = _run(eng, reqs, "forced+lookup")
+    _same(want, got)
+    assert sum(g.accepted_draft_tokens for g in got) >= 5
+    assert sum(g.steps for g in got) < sum(w.steps for w in want)
+
+
+# -- sampling: the speculative distribution is plain masked sampling ----------------------------
+BYTES = Vocabulary.from_token_bytes([bytes([b]) for b in range(256)] + [None], eos_token_ids=[256])
+EOS = 256
+
+
+def _byte_scheduler(model: Any, rows: int, spec: Any) -> Scheduler:
+    backend = EagerStep(ModelRunner(model, rows, 64), BYTES.vocab_size)
+    return Scheduler(backend, BYTES, lambda text: list(text.encode()), speculative=spec)
+
+
+def _exact(model: Any, prompt: list[int], grammar: Any, budget: int) -> dict[tuple[Any, ...], float]:
+    """Probability of every output (tokens, finish) of masked sampling at temperature 1."""
+    out: dict[tuple[Any, ...], float] = {}
+
+    def walk(prefix: list[int], p: float) -> None:
+        m = grammar.matcher()
+        for t in prefix:
+            assert m.accept_token(t)
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + prefix])).logits[0, -1].float()
+        allowed = torch.zeros(BYTES.vocab_size, dtype=torch.bool)
+        allowed[torch.as_tensor(m.allowed_token_ids(), dtype=torch.long)] = True
+        probs = torch.softmax(logits[: BYTES.vocab_size].masked_fill(~allowed, float("-inf")).double(), -1)
+        for t in allowed.nonzero().flatten().tolist():
+            q = p * float(probs[t])
+            if t == EOS:
+                out[(*prefix, "stop")] = q
+            elif len(prefix) + 1 == budget:
+                out[(*prefix, t, "length")] = q
+            else:
+                walk([*prefix, t], q)
+
+    walk([], 1.0)
+    return out
+
+
+def test_sampled_speculation_follows_masked_sampling() -> None:
+    from support.kernels import chi2_pvalue  # here: its import sets TRITON_INTERPRET if triton is not loaded yet
+    model = _tiny_llama(BYTES.vocab_size, seed=1, init=0.3)
+    grammar = Constraint.from_args(regex="[abc]{1,6}").compile(BYTES)
+    prompt = list(b"abcabcab")  # lookup proposes "c", "ca", "cab"...
+    budget, n = 4, 3000
+    exact = _exact(model, prompt, grammar, budget)
+    keys = sorted(exact, key=str)
+    expected = torch.tensor([exact[k] for k in keys], dtype=torch.float64)
+    assert abs(float(expected.sum()) - 1) < 1e-9
+    reqs = [GenerationRequest(prompt, grammar, SamplingParams(1.0, seed=i), budget, budget_close=False)
+            for i in range(n)]
+    for spec in (None, SpeculativeConfig(adaptive=False)):
+        got = run_requests(_byte_scheduler(model, 64, spec), reqs)
+        counts = torch.zeros(len(keys))
+        index = {k: i for i, k in enumerate(keys)}
+        for g in got:
+            counts[index[(*g.token_ids, g.finish_reason)]] += 1
+        assert chi2_pvalue(counts, expected) > 1e-3, (spec, sorted(zip(expected.tolist(), counts.tolist()))[-8:])
+        if spec is not None:
+            assert sum(g.draft_tokens for g in got) > n // 10  # drafts were verified, not skipped
+            assert 0 < sum(g.accepted_draft_tokens for g in got) < sum(g.draft_tokens for g in got)
+
+
+# -- fuzz: random drafts, verified by the model, against a matcher replayed from scratch --------
+class ScriptedDrafter:
+    """Proposes the known plain output from the row's position on, with random corruptions, a
+    stop token, or tokens past the end of the document: every accept/reject pattern happens."""
+
+    adaptive = False
+
+    def __init__(self, reference: dict[tuple[int, ...], list[int]], rng: random.Random, corrupt: float) -> None:
+        self.reference, self.rng, self.corrupt = reference, rng, corrupt
+
+    def propose(self, row: Row, tail: list[int], k: int, scheduler: Scheduler) -> list[int]:
+        ref = self.reference.get(tuple(row.request.prompt_ids), [])
+        at = len(row.generated) + len(tail)
+        out = ref[at:at + k] + [EOS] + [self.rng.randrange(BYTES.vocab_size) for _ in range(k)]
+        return [t if self.rng.random() >= self.corrupt else self.rng.choice([EOS, 34, 125, 48, 97])
+                for t in out[:k]]
+
+
+class _Raising:
+    """A broken matcher: ``accept_token`` raises after ``after`` calls."""
+
+    def __init__(self, inner: Any, after: int) -> None:
+        self.inner, self.left = inner, after
+
+    def accept_token(self, token: int) -> bool:
+        self.left -= 1
+        if self.left < 0:
+            raise RuntimeError("broken matcher")
+        return self.inner.accept_token(token)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@functools.lru_cache(maxsize=1)
+def _fuzz_setup() -> tuple[Any, list[Any]]:
+    model = _tiny_llama(BYTES.vocab_size, seed=2, init=1.0)
+    grammars = [Constraint.from_args(s).compile(BYTES) for s in SCHEMAS[:3]]
+    grammars.append(Constraint.from_args(regex=r"(ab|cd){1,4}e?").compile(BYTES))
+    return model, grammars
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), corrupt=st.sampled_from([0.0, 0.1, 0.4]), masked=st.booleans(),
+       broken=st.booleans(), max_draft=st.integers(1, 6))
+def test_rollback_fuzz_states_agree_with_replay(seed: int, corrupt: float, masked: bool, broken: bool,
+                                                max_draft: int) -> None:
+    model, grammars = _fuzz_setup()
+    r = random.Random(seed)
+    reqs = []
+    for i in range(5):
+        g = r.choice([*grammars, None])
+        prompt = list(f"{i}{r.random():.4f}: ".encode())
+        temp = r.choice([0.0, 0.0, 1.0])
+        reqs.append(GenerationRequest(prompt, g, SamplingParams(temp, seed=i), r.choice([6, 12, 30]),
+                                      stop_token_ids=frozenset([EOS]), force_tokens=r.random() < 0.7))
+    want = run_requests(_byte_scheduler(model, 3, None), reqs)
+    reference = {tuple(q.prompt_ids): w.token_ids for q, w in zip(reqs, want)}
+    if broken:  # its own fresh matcher, raising mid-way: only its request fails
+        g = grammars[0]
+        reqs.append(GenerationRequest(list(b"x: "), g, max_tokens=30, matcher=_Raising(g.matcher(), 4)))
+    cfg = SpeculativeConfig(drafters=(ScriptedDrafter(reference, r, corrupt),), max_draft=max_draft,
+                            mask_drafts=masked)
+    sched = _byte_scheduler(model, 3, cfg)
+    ids = [sched.add(q) for q in reqs]
+    results: dict[int, Any] = {}
+    while len(results) < len(reqs):
+        results.update(sched.step())
+        for s in sched.running:
+            if s.request.grammar is None or isinstance(s.matcher, _Raising):
+                continue
+            replay = s.request.grammar.matcher()
+            assert all(replay.accept_token(t) for t in s.generated)
+            assert replay.state == s.matcher.state
+            assert s.length + len(s.pending) == len(s.request.prompt_ids) + len(s.generated)
+    got = [results[i] for i in ids]
+    for q, w, g in zip(reqs, want, got):
+        if q.sampling.temperature == 0:
+            assert (g.token_ids, g.finish_reason) == (w.token_ids, w.finish_reason)
+        assert len(g.token_ids) <= q.max_tokens
+        if q.grammar is not None and g.finish_reason == "stop":
+            m = q.grammar.matcher()
+            assert all(m.accept_token(t) for t in g.token_ids) and m.accept_token(EOS)
+    if broken:
+        assert got[-1].finish_reason == "error" and "broken matcher" in got[-1].error
+    assert all(g.finish_reason != "error" for g in got[: len(want)])
+
+
+# -- the pieces ---------------------------------------------------------------------------------
+@given(seq=st.lists(st.integers(0, 3), max_size=30), tail=st.lists(st.integers(0, 3), max_size=3),
+       k=st.integers(1, 5))
+def test_ngram_lookup_finds_the_latest_longest_earlier_match(seq: list[int], tail: list[int], k: int) -> None:
+    index = NgramIndex(3)
+    index.extend(seq[:7])
+    index.extend(seq[7:])  # incremental = all at once
+    full = seq + tail
+    want: list[int] = []
+    for n in range(min(3, len(full)), 0, -1):  # brute force: longest suffix, latest earlier end
+        ends = [e for e in range(n, len(seq)) if full[e - n:e] == full[len(full) - n:]]
+        if ends:
+            want = full[max(ends):max(ends) + k]
+            break
+    assert index.lookup(tail, k) == want
+
+
+def test_draft_length_grows_with_acceptance_and_shrinks_with_cost() -> None:
+    ks = [choose_draft_length(rate, 5, 0.1) for rate in (0.0, 0.2, 0.5, 0.8, 0.95)]
+    assert ks == sorted(ks) and ks[0] == 0 and ks[-1] == 5
+    assert choose_draft_length(0.8, 5, 2.0) < choose_draft_length(0.8, 5, 0.05)
+
+
+def test_config_parse() -> None:
+    assert SpeculativeConfig.parse("off") is None and SpeculativeConfig.parse(None) is None
+    assert SpeculativeConfig.parse(True) == SpeculativeConfig()
+    assert SpeculativeConfig.parse("lookup").drafters == ("lookup",)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="drafters"):
+        SpeculativeConfig.parse("eagle")
