@@ -1,5 +1,5 @@
-"""The C++ trie walk (constrain._core) against the numpy walk it twins: one state's walk, and first
-mask / mask per new state on a JSONSchemaBench slice with the native walk on and off.
+"""The C++ trie walks (constrain._core) against the numpy walks they twin: one state's transitions and
+mask, and first mask / mask per new state on a JSONSchemaBench slice with either walker.
 
     python3 -m bench.native_walk [--schemas 20] [--steps 30]
 
@@ -22,6 +22,7 @@ import constrain
 from constrain.compiler import GrammarCompiler
 from constrain.testing.corpus import DEFAULT_DATA
 from constrain.tokenizers import llama3, tekken
+from constrain.walkers import NativeWalker, NumpyWalker
 
 VOCABS = {"tekken": tekken, "llama3": llama3}
 
@@ -36,19 +37,21 @@ def best_us(fn: Callable[[], object], rounds: int = 9) -> float:
 
 
 def walk_row(name: str, vocab: constrain.Vocabulary) -> None:
-    """One state's transitions: a JSON string body (dense) and a literal's first byte (sparse)."""
+    """One state's transitions and mask: a JSON string body (dense) and a literal's first byte (sparse)."""
     for label, pattern, prefix in (("string body", r'"[^"\\]*"', b'"'), ("literal", "true|false", b"")):
-        compiled = GrammarCompiler().compile_regex(pattern, vocab)
-        auto = compiled._automaton
+        auto = GrammarCompiler().compile_regex(pattern, vocab)._automaton
         state = auto.initial_state
         for byte in prefix:
             state = int(auto.table.row(state)[byte])
-        py = auto._walk(auto._root_seeds(state))  # fills the rows both walks read
-        native = auto.trie.native_transitions(auto.table, state)
-        assert native is not None and sorted(native[0].tolist()) == sorted(py[0].tolist())
-        t_py = best_us(lambda: auto._walk(auto._root_seeds(state)))
-        t_c = best_us(lambda: auto.trie.native_transitions(auto.table, state))
-        print(f"| {name} | {label} | {len(native[0]):,} | {t_py:,.0f} | {t_c:,.1f} | {t_py / t_c:.1f}x |")
+        py = NumpyWalker(auto.trie, auto.table, auto.n_words)
+        native = NativeWalker(auto.trie, auto.table, auto.n_words)
+        tokens, _ = py.transitions(state)  # fills the rows both walks read
+        assert sorted(native.transitions(state)[0].tolist()) == sorted(tokens.tolist())
+        assert np.array_equal(native.mask(state), py.mask(state))
+        for what in ("transitions", "mask"):
+            t_py = best_us(lambda: getattr(py, what)(state))
+            t_c = best_us(lambda: getattr(native, what)(state))
+            print(f"| {name} | {label} | {what} | {len(tokens):,} | {t_py:,.0f} | {t_c:,.1f} | {t_py / t_c:.1f}x |")
 
 
 def schemas(count: int) -> list[dict]:
@@ -58,7 +61,7 @@ def schemas(count: int) -> list[dict]:
 
 
 def mask_row(name: str, vocab: constrain.Vocabulary, slice_: list[dict], steps: int) -> None:
-    """First mask and mean mask per new state over random walks, native walk on and off."""
+    """First mask and mean mask per new state over random walks, with the numpy walker and the C++ one."""
     for native in (False, True):
         compiler, rng = GrammarCompiler(), random.Random(0)
         first, later = [], []
@@ -67,8 +70,9 @@ def mask_row(name: str, vocab: constrain.Vocabulary, slice_: list[dict], steps: 
                 compiled = compiler.compile_json_schema(schema, vocab)
             except constrain.GrammarError:
                 continue
+            auto = compiled._automaton
             if not native:
-                compiled._automaton.trie.packed = None  # the context's one trie: every grammar after
+                auto.walker = NumpyWalker(auto.trie, auto.table, auto.n_words)
             state = compiled.initial_state
             t = time.perf_counter()
             compiled.state_mask(state)
@@ -91,8 +95,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
     vocabs = {name: make() for name, make in VOCABS.items()}
-    print("| vocabulary | state | tokens allowed | numpy walk (µs) | C++ walk (µs) | speed-up |")
-    print("|---|---|---|---|---|---|")
+    print("| vocabulary | state | walk | tokens allowed | numpy (µs) | C++ (µs) | speed-up |")
+    print("|---|---|---|---|---|---|---|")
     for name, vocab in vocabs.items():
         walk_row(name, vocab)
     slice_ = schemas(args.schemas)

@@ -1,8 +1,9 @@
 """The token automaton: grammar states x vocabulary -> token masks and token transitions.
 
 States are the interned expressions of ``constrain.derivatives``. A state's mask is computed the
-first time some sequence reaches it, by one vectorised walk of the token trie, and cached; every
-matcher of the compiled grammar shares the cache, so the steady state is a dictionary hit.
+first time some sequence reaches it, by a walk of the token trie (``constrain.walkers``: in C++
+where the core is built, else its numpy twin), and cached; every matcher of the compiled grammar
+shares the cache, so the steady state is a dictionary hit.
 """
 
 from __future__ import annotations
@@ -10,14 +11,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
-from dataclasses import dataclass
 
 import numpy as np
-import numpy.ma
 
 from constrain.cache import ByteBudgetCache
-from constrain.derivatives import NOTHING, ExprTable, byte_flags
-from constrain.token_trie import TokenTrie, expand_ranges
+from constrain.derivatives import NOTHING, ExprTable
+from constrain.token_trie import TokenTrie
+from constrain.walkers import NativeWalker, NumpyWalker, pack_tokens
 
 DEFAULT_MASK_CACHE = 4096
 # A union state is masked member by member (each member's head walk cached) up to this many.
@@ -25,45 +25,17 @@ MAX_UNION_MEMBERS = 512
 
 MAX_FORCED_BYTES = 4096
 
-def _scatter(idx: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
-    out = np.zeros(size, dtype=values.dtype)
-    out[idx] = values
-    return out
-
-
-def _record(ends: list, depth: int, nodes: np.ndarray | None, parents: np.ndarray, nullable: np.ndarray,
-            start: int = 0) -> None:
-    """Add to ``ends`` the ``nodes`` (None: the whole level, from node ``start``) whose parent's
-    state is nullable."""
-    hit = np.nonzero(nullable[parents])[0]
-    if len(hit):
-        ends.append((depth, hit + start if nodes is None else nodes[hit], parents[hit]))
-
-
-@dataclass(frozen=True)
-class HeadWalk:
-    """A walk of a head alone: what it decides for every tail.
-
-    The other arrays describe the children of the nodes where the head may end (where tokens
-    may cross into the tail), one entry each.
-    """
-
-    inside: np.ndarray  # mask words of the tokens the head allows (so does the head and any live tail)
-    depth: np.ndarray
-    node: np.ndarray
-    group: np.ndarray  # index of the head's state at the parent, in paths
-    paths: list[bytes]  # per head state: bytes that lead the head to it
-
 
 class TokenAutomaton:
     """Masks and transitions over a vocabulary for one grammar; safe to share between threads.
 
     ``shared`` is the compiler context's cache: the vocabulary's trie and the head walks of
     rule-free heads, shared by every grammar the context compiles for the same vocabulary.
+    ``native`` picks the walker: the C++ one (None: where the core is built) or its numpy twin.
     """
 
     def __init__(self, table: ExprTable, vocab, shared: ByteBudgetCache, *,
-                 mask_cache_size: int = DEFAULT_MASK_CACHE) -> None:
+                 mask_cache_size: int = DEFAULT_MASK_CACHE, native: bool | None = None) -> None:
         self.table = table
         self.vocab = vocab
         self._vocab_key = vocab.fingerprint
@@ -73,6 +45,9 @@ class TokenAutomaton:
         self.token_bytes = vocab.token_bytes
         self.eos_token_ids = tuple(vocab.eos_token_ids)
         self.n_words = (vocab.vocab_size + 31) // 32
+        if native is None:
+            native = self.trie.packed is not None
+        self.walker: NativeWalker | NumpyWalker = (NativeWalker if native else NumpyWalker)(self.trie, table, self.n_words)
         self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
         self._max_next: dict[int, float] = {}
         self._heads = ByteBudgetCache(max_entries=mask_cache_size)  # head walks and their crossings per first bytes
@@ -123,8 +98,7 @@ class TokenAutomaton:
                 if got is None:
                     got = self._split_mask(key)
                 if got is None:
-                    tokens, _ = self.transitions(key)
-                    got = self._pack(tokens, self.is_accepting(key))
+                    got = self._with_stops(self.walker.mask(key), self.is_accepting(key))
                 self._masks[key] = got
             self._masks[state] = got
             while len(self._masks) > self._mask_cache_size:
@@ -172,159 +146,27 @@ class TokenAutomaton:
         sig = table.signature(head)
         heads: ByteBudgetCache
         key: tuple[Hashable, ...]
+        walker = self.walker
         if sig is None:
             heads, key = self._heads, (head,)
         else:  # the signature table is part of the key: its ids mean nothing to another table
-            heads, key = self.shared, ("head", self._vocab_key, table.signatures, sig)
-        walked = heads.get_or_make(key, lambda: self._walk_head(head))
+            heads, key = self.shared, ("head", self._vocab_key, walker.kind, table.signatures, sig)
+        walked = heads.get_or_make(key, lambda: walker.head(head))
         first = table.first_bytes(tail)
-        crossings = heads.get_or_make((*key, first), lambda: self._crossings(walked, first))
+        nodes, group = heads.get_or_make((*key, first), lambda: walker.crossings(walked, first))
         # The head's states at the crossing nodes' parents, in this grammar's table (a shared walk
         # may come from another grammar).
         starts = self._head_states.get_or_make(key, lambda: [table.derive_bytes(head, path) for path in walked.paths])
-        parents = np.array([table.seq(h, tail) for h in starts], dtype=np.int32)
-        crossing = self._walk({d: (nodes, parents[group]) for d, (nodes, group) in crossings.items()})[0]
-        return walked.inside | self._pack(crossing, self.is_accepting(state))
-
-    def _walk_head(self, head: int) -> HeadWalk:
-        """Walk ``head`` alone, recording the children of the nodes where it may end."""
-        tokens, _, ends = self._walk(self._root_seeds(head), record=True)
-        trie = self.trie
-        ends.append((0, np.zeros(0, np.int64), np.zeros(0, np.int32)))  # none at all is fine too
-        depth = np.concatenate([np.full(len(nodes), d) for d, nodes, _ in ends])
-        node = np.concatenate([nodes for _, nodes, _ in ends])
-        _, one, group = np.unique(np.concatenate([p for _, _, p in ends]), return_index=True, return_inverse=True)
-        # One path per distinct head state: the bytes that lead the head to a node of that state.
-        paths = [trie.prefix(int(trie.parent[node[i]])) for i in one]
-        return HeadWalk(self._pack(tokens, False), depth, node, group, paths)
-
-    def _crossings(self, walked: HeadWalk, first: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Where tokens cross into tails that start with the bytes ``first``: by depth, the nodes
-        and the group of the head's state at their parents.
-
-        A node crosses when the head may end at its parent and its byte is in ``first``. Below a
-        crossing node the real walk covers everything, so crossing nodes under it are left out.
-        """
-        trie = self.trie
-        pick = np.nonzero(byte_flags(first)[trie.byte[walked.node]])[0]
-        nodes = walked.node[pick]
-        order = np.lexsort((-trie.rank_end[nodes], trie.rank_start[nodes]))
-        pick, start, end = pick[order], trie.rank_start[nodes[order]], trie.rank_end[nodes[order]]
-        outer = np.ones(len(pick), dtype=bool)  # subtrees nest, so the outer ones come first
-        outer[1:] = start[1:] >= np.maximum.accumulate(end)[:-1]
-        pick = pick[outer]
-        depths = walked.depth[pick]
-        crossings = {}
-        for d in np.unique(depths).tolist():
-            mine = pick[depths == d]
-            crossings[d] = (walked.node[mine], walked.group[mine])
-        return crossings
+        if len(nodes):
+            parents = np.array([table.seq(h, tail) for h in starts], dtype=np.int32)
+            words = walked.inside | walker.below(nodes, parents[group])
+        else:
+            words = walked.inside.copy()
+        return self._with_stops(words, self.is_accepting(state))
 
     def transitions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every allowed non-stop token of ``state`` and the state each one leads to.
-
-        Walked by the C++ core where it is built; ``_walk`` is its twin (tests/test_native_walk.py).
-        """
-        native = self.trie.native_transitions(self.table, state)
-        if native is not None:
-            return native
-        tokens, nexts, _ = self._walk(self._root_seeds(state))
-        return tokens, nexts
-
-    def _root_seeds(self, state: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Seeds of a whole walk from ``state``: every node of depth 0, entered from ``state``."""
-        n = len(self.trie.levels[0].byte) if self.trie.levels else 0
-        return {0: (np.arange(n), np.full(n, state, dtype=np.int32))}
-
-    def _walk(self, seeds: dict[int, tuple[np.ndarray, np.ndarray]],
-              record: bool = False) -> tuple[np.ndarray, np.ndarray, list]:
-        """Tokens allowed below ``seeds`` and the states they lead to; with ``record``, the ends.
-
-        ``seeds`` maps a depth to nodes of that level and the states their parents have: the walk
-        enters them from there. With ``record``, every child (live or not) of a node whose state
-        is nullable comes back in ``(depth, nodes, parent states)``. A level is handled sparsely
-        (only children of live nodes) while few nodes are live, densely (one gather over the
-        whole level) once many are. Tokens are read off the live nodes of all levels at the end.
-        """
-        table, trie, levels = self.table, self.trie, self.trie.levels
-        live_nodes, live_states = [], []
-        ended: list[tuple[int, np.ndarray, np.ndarray]] = []  # (depth, nodes, parent states)
-        dense_levels = []  # (first node, state of every node of the level) for levels walked densely
-        depth = min(seeds, default=len(levels))
-        idx = np.zeros(0, np.int64)  # live nodes of this level (sparse) ...
-        st = np.zeros(0, np.int32)  # ... and their states; dense: the state of every node (0: dead)
-        dense = False
-        with table.work():
-            while depth < len(levels):
-                level = levels[depth]
-                if depth in seeds:
-                    nodes, parents = seeds[depth]
-                    self._ensure_rows(parents)
-                    fresh = table.rows[parents, trie.byte[nodes]]
-                    if record:
-                        _record(ended, depth, nodes, parents, table.row_nullable)
-                    if dense:
-                        st[nodes - level.start] = fresh
-                    else:
-                        keep = np.nonzero(fresh)[0]
-                        idx, st = np.concatenate((idx, nodes[keep])), np.concatenate((st, fresh[keep]))
-                if dense:
-                    dense_levels.append((level.start, st))
-                    live = int(np.count_nonzero(st))
-                else:
-                    live_nodes.append(idx)
-                    live_states.append(st)
-                    live = len(idx)
-                if depth + 1 == len(levels):
-                    break
-                if not live:  # nothing to descend into: on to the next seeds, if any
-                    depth = min((d for d in seeds if d > depth), default=len(levels))
-                    idx, st, dense = np.zeros(0, np.int64), np.zeros(0, np.int32), False
-                    continue
-                child = levels[depth + 1]
-                if live * 8 >= len(level.byte):  # dense step: one gather over the whole next level
-                    full = st if dense else _scatter(idx - level.start, st, len(level.byte))
-                    parent_states = full[child.parent]
-                    self._ensure_rows(parent_states)
-                    st, dense = table.rows[parent_states, child.byte], True
-                    if record:
-                        _record(ended, depth + 1, None, parent_states, table.row_nullable, child.start)
-                else:  # sparse step: only the children of live nodes
-                    if dense:
-                        local = np.nonzero(st)[0]
-                        idx, st, dense = local + level.start, st[local], False
-                    children, counts = expand_ranges(trie.child_start[idx], trie.child_end[idx])
-                    parent_states = np.repeat(st, counts)
-                    self._ensure_rows(parent_states)
-                    nxt = table.rows[parent_states, trie.byte[children]]
-                    if record:
-                        _record(ended, depth + 1, children, parent_states, table.row_nullable)
-                    keep = np.nonzero(nxt)[0]
-                    idx, st = children[keep], nxt[keep]
-                depth += 1
-        tok_parts, next_parts = [], []
-        if live_nodes:
-            idx = np.concatenate(live_nodes)
-            ends, counts = expand_ranges(trie.tok_start[idx], trie.tok_end[idx])
-            tok_parts.append(trie.end_tokens[ends])
-            next_parts.append(np.repeat(np.concatenate(live_states), counts))
-        for start, full in dense_levels:  # tokens ending on a dense level: one contiguous range
-            lo, hi = trie.tok_start[start], trie.tok_end[start + len(full) - 1]
-            s = full[trie.end_node[lo:hi] - start]
-            keep = np.nonzero(s)[0]
-            tok_parts.append(trie.end_tokens[lo:hi][keep])
-            next_parts.append(s[keep])
-        if not tok_parts:
-            return np.zeros(0, np.int32), np.zeros(0, np.int32), ended
-        return (np.concatenate(tok_parts), np.concatenate(next_parts).astype(np.int32, copy=False), ended)
-
-    def _ensure_rows(self, states: np.ndarray) -> None:
-        try:
-            missing = states[~self.table.row_done[states]]
-        except IndexError:  # states newer than the row table
-            missing = states
-        if len(missing):
-            self.table.ensure_rows(np.unique(missing))
+        """Every allowed non-stop token of ``state`` and the state each one leads to."""
+        return self.walker.transitions(state)
 
     def max_next_completion(self, state: int) -> float:
         """The longest shortest-completion over the states the allowed tokens lead to.
@@ -360,11 +202,14 @@ class TokenAutomaton:
         return self._pack(np.zeros(0, np.int64), True)
 
     def _pack(self, tokens: np.ndarray, accepting: bool) -> np.ndarray:
-        allowed = np.zeros(self.n_words * 32, dtype=bool)
-        allowed[tokens] = True
+        return self._with_stops(pack_tokens(tokens, self.n_words), accepting)
+
+    def _with_stops(self, words: np.ndarray, accepting: bool) -> np.ndarray:
+        """``words`` (a fresh array: changed in place) with the stop tokens' bits set if ``accepting``."""
         if accepting:
-            allowed[list(self.eos_token_ids)] = True
-        return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
+            for t in self.eos_token_ids:
+                words.view(np.uint32)[t >> 5] |= np.uint32(1 << (t & 31))
+        return words
 
     def forced_bytes(self, state: int) -> bytes:
         """The bytes every valid continuation of ``state`` starts with (jump-forward text)."""

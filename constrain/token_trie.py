@@ -10,15 +10,13 @@ level, so the children of a node, the tokens ending at a node and the tokens bel
 each one contiguous range.
 
 Where the C++ core is built, the trie also carries its packed depth-first twin
-(``constrain._core.PackedTrie``), whose walk is one flat loop in native code.
+(``constrain._core.PackedTrie``), whose walks are flat loops in native code (``constrain.walkers``).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
@@ -26,16 +24,6 @@ try:
     from constrain import _core
 except ImportError:  # a source tree without the built extension: the numpy walk serves alone
     _core = None  # type: ignore[assignment]
-
-
-class RowSource(Protocol):
-    """A byte transition table filled on demand (``constrain.derivatives.ExprTable``)."""
-
-    rows: np.ndarray      # int32[n, 256]: the state after each byte, 0 when dead
-    row_done: np.ndarray  # bool[n]: whether the row is filled
-    lock: threading.RLock
-
-    def ensure_rows(self, states: Sequence[int]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -80,21 +68,6 @@ class TokenTrie:
     @property
     def depth(self) -> int:
         return len(self.levels)
-
-    def native_transitions(self, table: RowSource, state: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """Every token allowed from ``state`` and the state it leads to, walked by the C++ core
-        (in byte order), or None where the core is not built. Rows are filled as the walk meets them.
-        """
-        if self.packed is None:
-            return None
-
-        def fill(missing: int) -> tuple[np.ndarray, np.ndarray]:
-            table.ensure_rows((missing,))
-            return table.rows, table.row_done
-
-        with table.lock:  # rows are filled and the table grown under it
-            tokens, nexts = self.packed.walk(state, table.rows, table.row_done, fill)
-        return tokens, nexts
 
     def prefix(self, node: int) -> bytes:
         """The bytes that lead from the root to ``node``."""

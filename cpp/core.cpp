@@ -2,8 +2,10 @@
 // constrain/automaton.py is its reference twin.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,12 +20,13 @@ using constrain::RowTable;
 namespace {
 
 using Rows = nb::ndarray<const int32_t, nb::shape<-1, 256>, nb::c_contig, nb::device::cpu>;
-using Done = nb::ndarray<const bool, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Flags = nb::ndarray<const bool, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Ids = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using IntArray = nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>;
 
-constexpr const char* FILL_CONTRACT =
-    "PackedTrie.walk: fill(state) must return (rows, done): rows int32[n, 256] and done bool[n], "
-    "both C-contiguous, with the row of that state filled";
+constexpr const char* TABLE_CONTRACT =
+    "the row table must have rows (int32[n, 256]), row_done and row_nullable (bool[n]), all C-contiguous, "
+    "and ensure_rows(states) that fills the rows of states";
 
 PackedTrie make_trie(const nb::sequence& token_bytes) {
     std::vector<std::string_view> views;
@@ -44,43 +47,141 @@ PackedTrie make_trie(const nb::sequence& token_bytes) {
     return PackedTrie(views);
 }
 
-RowTable view(const Rows& rows, const Done& done) {
-    return {rows.data(), done.data(), std::min(rows.shape(0), done.shape(0))};
+// A Python row table (constrain.derivatives.ExprTable) seen from a walk: its arrays as a RowTable,
+// and the fill that calls table.ensure_rows with the GIL and views the (maybe reallocated) arrays
+// again. The arrays viewed are kept until the walk is over.
+class TableView {
+public:
+    explicit TableView(nb::handle table) : table_(table) { view(); }
+
+    RowTable rows() const { return current_; }
+
+    RowTable fill(int32_t state) {
+        nb::gil_scoped_acquire acquire;
+        table_.attr("ensure_rows")(nb::make_tuple(state));
+        view();
+        if (!current_.has_row(state))
+            throw nb::value_error(("PackedTrie: ensure_rows left no row for state " + std::to_string(state)).c_str());
+        return current_;
+    }
+
+private:
+    void view() {
+        Rows rows;
+        Flags done, nullable;
+        if (!nb::try_cast(table_.attr("rows"), rows, false) || !nb::try_cast(table_.attr("row_done"), done, false) ||
+            !nb::try_cast(table_.attr("row_nullable"), nullable, false))
+            throw nb::type_error((std::string("PackedTrie: ") + TABLE_CONTRACT).c_str());
+        current_ = {rows.data(), done.data(), nullable.data(),
+                    std::min({rows.shape(0), done.shape(0), nullable.shape(0)})};
+        kept_rows_.push_back(std::move(rows));
+        kept_flags_.push_back(std::move(done));
+        kept_flags_.push_back(std::move(nullable));
+    }
+
+    nb::handle table_;
+    RowTable current_{};
+    std::vector<Rows> kept_rows_;
+    std::vector<Flags> kept_flags_;
+};
+
+template <class T>
+nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(std::unique_ptr<T[]> buffer, size_t size) {
+    T* data = buffer.release();
+    nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
+    return {data, {size}, owner};
 }
 
-IntArray to_numpy(std::unique_ptr<int32_t[]> buffer, size_t size) {
-    int32_t* data = buffer.release();
-    nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
-    return IntArray(data, {size}, owner);
+IntArray to_numpy(std::vector<int32_t>&& values) {
+    auto buffer = std::make_unique<int32_t[]>(values.size());
+    std::copy(values.begin(), values.end(), buffer.get());
+    return to_numpy(std::move(buffer), values.size());
 }
 
-nb::tuple walk(const PackedTrie& trie, int32_t start, const Rows& rows, const Done& done, const nb::callable& fill) {
-    if (start < 0) throw nb::value_error(("PackedTrie.walk: start state " + std::to_string(start) + " < 0").c_str());
-    std::vector<Rows> kept_rows;  // tables handed back by fill, dropped after the GIL is taken back
-    std::vector<Done> kept_done;
+void check_state(int32_t state, const char* what) {
+    if (state < 0) throw nb::value_error((std::string("PackedTrie.") + what + ": state " + std::to_string(state) + " < 0").c_str());
+}
+
+size_t word_count(const PackedTrie& trie) { return (trie.id_count() + 31) / 32; }
+
+std::unique_ptr<uint32_t[]> zeroed_words(const PackedTrie& trie) {
+    return std::make_unique<uint32_t[]>(word_count(trie));  // value-initialised: zero
+}
+
+IntArray words_array(const PackedTrie& trie, std::unique_ptr<uint32_t[]> words) {
+    std::unique_ptr<int32_t[]> as_int(reinterpret_cast<int32_t*>(words.release()));
+    return to_numpy(std::move(as_int), word_count(trie));
+}
+
+nb::tuple transitions(const PackedTrie& trie, nb::handle table, int32_t start) {
+    check_state(start, "transitions");
+    TableView rows(table);
     std::optional<constrain::WalkResult> result;
     {
         nb::gil_scoped_release release;
-        result.emplace(trie.walk(start, view(rows, done), [&](int32_t state) {
-            nb::gil_scoped_acquire acquire;
-            nb::object got = fill(state);
-            nb::tuple pair;
-            Rows new_rows;
-            Done new_done;
-            if (!nb::try_cast(got, pair, false) || nb::len(pair) != 2 || !nb::try_cast(pair[0], new_rows, false) ||
-                !nb::try_cast(pair[1], new_done, false))
-                throw nb::type_error(FILL_CONTRACT);
-            RowTable table = view(new_rows, new_done);
-            if (!table.has_row(state))
-                throw nb::value_error((std::string(FILL_CONTRACT) + " (no row for state " + std::to_string(state) +
-                                       ")").c_str());
-            kept_rows.push_back(std::move(new_rows));
-            kept_done.push_back(std::move(new_done));
-            return table;
-        }));
+        result.emplace(trie.walk(start, rows.rows(), [&](int32_t s) { return rows.fill(s); }));
     }
     const size_t size = result->size;
     return nb::make_tuple(to_numpy(std::move(result->tokens), size), to_numpy(std::move(result->states), size));
+}
+
+IntArray mask(const PackedTrie& trie, nb::handle table, int32_t start) {
+    check_state(start, "mask");
+    TableView rows(table);
+    auto words = zeroed_words(trie);
+    {
+        nb::gil_scoped_release release;
+        trie.mask(start, rows.rows(), [&](int32_t s) { return rows.fill(s); }, words.get(), nullptr);
+    }
+    return words_array(trie, std::move(words));
+}
+
+nb::tuple head_mask(const PackedTrie& trie, nb::handle table, int32_t start) {
+    check_state(start, "head_mask");
+    TableView rows(table);
+    auto words = zeroed_words(trie);
+    constrain::Ends ends;
+    {
+        nb::gil_scoped_release release;
+        trie.mask(start, rows.rows(), [&](int32_t s) { return rows.fill(s); }, words.get(), &ends);
+    }
+    return nb::make_tuple(words_array(trie, std::move(words)), to_numpy(std::move(ends.nodes)),
+                          to_numpy(std::move(ends.states)));
+}
+
+void check_nodes(const PackedTrie& trie, const Ids& nodes, const char* what) {
+    for (size_t i = 0; i < nodes.shape(0); ++i)
+        if (nodes.data()[i] <= 0 || static_cast<size_t>(nodes.data()[i]) >= trie.node_count())
+            throw nb::index_error((std::string("PackedTrie.") + what + ": node " + std::to_string(nodes.data()[i]) +
+                                   " is not a node below the root").c_str());
+}
+
+IntArray mask_below(const PackedTrie& trie, nb::handle table, const Ids& nodes, const Ids& parents) {
+    if (nodes.shape(0) != parents.shape(0))
+        throw nb::value_error("PackedTrie.mask_below: nodes and parents differ in length");
+    check_nodes(trie, nodes, "mask_below");
+    for (size_t i = 0; i < parents.shape(0); ++i) check_state(parents.data()[i], "mask_below");
+    TableView rows(table);
+    auto words = zeroed_words(trie);
+    {
+        nb::gil_scoped_release release;
+        trie.mask_below(nodes.data(), parents.data(), nodes.shape(0), rows.rows(),
+                        [&](int32_t s) { return rows.fill(s); }, words.get());
+    }
+    return words_array(trie, std::move(words));
+}
+
+IntArray outermost(const PackedTrie& trie, const Ids& nodes, const nb::ndarray<const bool, nb::shape<256>, nb::c_contig,
+                                                                            nb::device::cpu>& bytes) {
+    check_nodes(trie, nodes, "outermost");
+    return to_numpy(trie.outermost(nodes.data(), nodes.shape(0), bytes.data()));
+}
+
+nb::bytes path(const PackedTrie& trie, int64_t node) {
+    if (node < 0 || static_cast<size_t>(node) >= trie.node_count())
+        throw nb::index_error(("PackedTrie.path: no node " + std::to_string(node)).c_str());
+    const std::string out = trie.path(static_cast<uint32_t>(node));
+    return nb::bytes(out.data(), out.size());
 }
 
 nb::ndarray<nb::numpy, uint32_t, nb::ndim<2>> nodes(const PackedTrie& trie) {
@@ -98,9 +199,13 @@ nb::ndarray<nb::numpy, uint32_t, nb::ndim<2>> nodes(const PackedTrie& trie) {
 
 NB_MODULE(_core, m) {
     m.doc() = "The token automaton's hot path in C++ (the Python automaton is its reference twin).";
-    nb::class_<PackedTrie>(m, "PackedTrie",
-                           "Byte trie of a vocabulary, one 8-byte node per trie node in depth-first order. Immutable "
-                           "and safe to share between threads.")
+    nb::class_<PackedTrie>(
+        m, "PackedTrie",
+        "Byte trie of a vocabulary, one 8-byte node per trie node in depth-first order. Immutable and safe to share "
+        "between threads.\n\nWalks read a row table (``constrain.derivatives.ExprTable``: ``rows`` int32[n, 256], 0 "
+        "dead; ``row_done`` and ``row_nullable`` bool[n]) and call its ``ensure_rows((state,))``, with the GIL, for "
+        "a state whose row is missing; the GIL is released while they run. Masks are int32 words, bit t % 32 of "
+        "word t // 32 for token t, stop tokens not included.")
         .def(nb::new_(&make_trie), "token_bytes"_a,
              "The trie of the ids of ``token_bytes`` (a sequence of bytes or None) that have bytes.")
         .def_prop_ro("node_count", &PackedTrie::node_count, "Nodes, the root included.")
@@ -108,9 +213,17 @@ NB_MODULE(_core, m) {
         .def_prop_ro("max_depth", &PackedTrie::max_depth, "Bytes of the longest token.")
         .def("nodes", &nodes,
              "A copy of the nodes as uint32[n, 2]: (token << 8 | byte, subtree size << 8 | depth).")
-        .def("walk", &walk, "start"_a, "rows"_a.noconvert(), "done"_a.noconvert(), "fill"_a,
-             "Every token allowed from ``start`` by the byte transition table ``rows`` (0: dead) and the "
-             "state each leads to, as two int32 arrays in byte order. ``fill(state)`` is called, with the "
-             "GIL, for a state whose row is missing (``done[state]`` false or beyond the table) and returns "
-             "the table again as ``(rows, done)``. The GIL is released while the walk runs.");
+        .def("transitions", &transitions, "table"_a, "start"_a,
+             "Every token allowed from ``start`` and the state each leads to, as two int32 arrays in byte order.")
+        .def("mask", &mask, "table"_a, "start"_a, "The mask words of the tokens allowed from ``start``.")
+        .def("head_mask", &head_mask, "table"_a, "start"_a,
+             "``mask`` and where a token may leave ``start``'s language: every node (live or not) entered from a "
+             "state that may end there, and that state, as int32 arrays in depth-first order.")
+        .def("mask_below", &mask_below, "table"_a, "nodes"_a.noconvert(), "parents"_a.noconvert(),
+             "The mask words of the tokens allowed at or below each of ``nodes`` (int32, none in another's "
+             "subtree), entered from the state ``parents[i]`` at the node's parent.")
+        .def("outermost", &outermost, "nodes"_a.noconvert(), "bytes"_a.noconvert(),
+             "Positions in ``nodes`` (int32, depth-first order) of those whose byte is set in ``bytes`` (bool[256]) "
+             "and that lie below no earlier such node.")
+        .def("path", &path, "node"_a, "The bytes from the root to ``node``, inclusive.");
 }

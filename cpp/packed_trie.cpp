@@ -74,4 +74,28 @@ PackedTrie::PackedTrie(const std::vector<std::string_view>& token_bytes)
     nodes_[0].size_depth = static_cast<uint32_t>(nodes_.size()) << 8;
 }
 
+std::vector<int32_t> PackedTrie::outermost(const int32_t* nodes, size_t count, const bool* bytes) const {
+    std::vector<int32_t> out;
+    size_t covered = 0;  // end of the subtree of the last node kept
+    for (size_t i = 0; i < count; ++i) {
+        const auto node = static_cast<size_t>(nodes[i]);
+        if (node < covered || !bytes[nodes_[node].byte()]) continue;
+        out.push_back(static_cast<int32_t>(i));
+        covered = node + nodes_[node].subtree_size();
+    }
+    return out;
+}
+
+std::string PackedTrie::path(uint32_t node) const {
+    std::string out;
+    // A node's parent is the nearest node before it one level up (depth-first order).
+    for (size_t p = node; p > 0;) {
+        const uint32_t d = nodes_[p].depth();
+        out.push_back(static_cast<char>(nodes_[p].byte()));
+        while (nodes_[p].depth() >= d) --p;
+    }
+    std::reverse(out.begin(), out.end());
+    return out;
+}
+
 }  // namespace constrain

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -25,13 +26,22 @@ struct TrieNode {
 };
 
 // Rows of a byte transition table: rows[s * 256 + b] is the state after byte b from state s
-// (0: dead); done[s] says whether row s has been filled. Rows of states >= n_states are missing.
+// (0: dead); done[s] says whether row s has been filled and nullable[s], for a filled row, whether
+// state s may end there. Rows of states >= n_states are missing.
 struct RowTable {
     const int32_t* rows;
     const bool* done;
+    const bool* nullable;
     size_t n_states;
 
     bool has_row(int32_t s) const { return static_cast<size_t>(s) < n_states && done[s]; }
+};
+
+// Where a walk of a head alone may cross into a tail: every node (live or not) entered from a
+// state that may end there, with that state, in depth-first order.
+struct Ends {
+    std::vector<int32_t> nodes;
+    std::vector<int32_t> states;
 };
 
 // The tokens a walk allows and the state each leads to, in depth-first (byte) order. The buffers
@@ -66,6 +76,7 @@ public:
 
     size_t node_count() const { return nodes_.size(); }
     size_t token_count() const { return n_tokens_; }
+    uint32_t id_count() const { return n_ids_; }
     uint32_t max_depth() const { return max_depth_; }
     const std::vector<TrieNode>& nodes() const { return nodes_; }
 
@@ -75,7 +86,43 @@ public:
     template <class Fill>
     WalkResult walk(int32_t start, RowTable table, Fill&& fill) const;
 
+    // The same tokens as bits: words[t / 32] bit t % 32 set for each (words: ceil(ids / 32), zeroed).
+    // With `ends`, also where the walk may cross into a tail (see Ends).
+    template <class Fill>
+    void mask(int32_t start, RowTable table, Fill&& fill, uint32_t* words, Ends* ends) const;
+
+    // Tokens allowed below each of `nodes` (each with its subtree), entered from the state
+    // `parents[i]` at the node's parent, ORed into `words`. Nodes must not lie in each other's subtrees.
+    template <class Fill>
+    void mask_below(const int32_t* nodes, const int32_t* parents, size_t count, RowTable table, Fill&& fill,
+                    uint32_t* words) const;
+
+    // Positions in `nodes` (depth-first order) of those whose byte is in `bytes` (flags per byte)
+    // and that lie in the subtree of no earlier such node.
+    std::vector<int32_t> outermost(const int32_t* nodes, size_t count, const bool* bytes) const;
+
+    // The bytes from the root to `node`, inclusive.
+    std::string path(uint32_t node) const;
+
 private:
+    template <bool Enter, class Fill, class Visit, class EnterFn>
+    void walk_range(size_t p, size_t end, int32_t* stack, RowTable& table, Fill& fill, Visit& visit,
+                    EnterFn& enter) const;
+
+    // A visit that sets the bits of a node's tokens (none, one, or a duplicate group) in `words`.
+    auto bit_setter(uint32_t* words) const {
+        return [this, words](uint32_t tok, int32_t) {
+            if (tok < n_ids_) {
+                words[tok >> 5] |= 1u << (tok & 31);
+            } else if (tok != NO_TOKEN) {
+                for (uint32_t i = group_start_[tok - n_ids_]; i < group_start_[tok - n_ids_ + 1]; ++i) {
+                    const auto t = static_cast<uint32_t>(group_tokens_[i]);
+                    words[t >> 5] |= 1u << (t & 31);
+                }
+            }
+        };
+    }
+
     std::vector<TrieNode> nodes_;
     std::vector<uint32_t> group_start_;  // duplicate group g: group_tokens_[group_start_[g] .. [g+1])
     std::vector<int32_t> group_tokens_;
@@ -84,28 +131,41 @@ private:
     uint32_t max_depth_ = 0;
 };
 
+// One flat loop over the nodes [p, end), entering each node from the state on the per-depth stack
+// at its parent's depth (the caller sets the entry for the range's first node). `visit(token, next)`
+// is called for every live node, `enter(node, parent)` for every node met (live or not) when
+// `Enter` is true; a dead node's subtree is skipped.
+template <bool Enter, class Fill, class Visit, class EnterFn>
+void PackedTrie::walk_range(size_t p, size_t end, int32_t* stack, RowTable& table, Fill& fill, Visit& visit,
+                            EnterFn& enter) const {
+    const TrieNode* nodes = nodes_.data();
+    while (p < end) {
+        const TrieNode n = nodes[p];
+        const uint32_t d = n.depth();
+        const int32_t parent = stack[d - 1];
+        if constexpr (Enter) enter(p, parent, table);
+        const int32_t next = table.rows[static_cast<size_t>(parent) * 256 + n.byte()];
+        if (next == 0) {
+            p += n.subtree_size();
+            continue;
+        }
+        visit(n.token(), next);
+        if (n.subtree_size() > 1) {
+            stack[d] = next;
+            if (__builtin_expect(!table.has_row(next), 0)) table = fill(next);
+        }
+        ++p;
+    }
+}
+
 template <class Fill>
 WalkResult PackedTrie::walk(int32_t start, RowTable table, Fill&& fill) const {
     WalkResult out(n_tokens_ + 1);  // +1: the slot a node without a token writes to
     int32_t* tok_out = out.tokens.get();
     int32_t* st_out = out.states.get();
     size_t k = 0;
-    int32_t stack[MAX_DEPTH + 1];
-    stack[0] = start;
-    if (!table.has_row(start)) table = fill(start);
-    const TrieNode* nodes = nodes_.data();
     const uint32_t n_groups = static_cast<uint32_t>(group_start_.size()) - 1;
-    const size_t end = nodes_.size();
-    size_t p = 1;
-    while (p < end) {
-        const TrieNode n = nodes[p];
-        const uint32_t d = n.depth();
-        const int32_t next = table.rows[static_cast<size_t>(stack[d - 1]) * 256 + n.byte()];
-        if (next == 0) {
-            p += n.subtree_size();
-            continue;
-        }
-        const uint32_t tok = n.token();
+    auto visit = [&](uint32_t tok, int32_t next) {
         // Written unconditionally, kept only for a real token: one branch less in the hot loop.
         tok_out[k] = static_cast<int32_t>(tok);
         st_out[k] = next;
@@ -116,15 +176,50 @@ WalkResult PackedTrie::walk(int32_t start, RowTable table, Fill&& fill) const {
                 st_out[k++] = next;
             }
         }
-        if (n.subtree_size() > 1) {
-            stack[d] = next;
-            if (__builtin_expect(!table.has_row(next), 0)) table = fill(next);
-        }
-        ++p;
-    }
+    };
+    auto none = [](size_t, int32_t, const RowTable&) {};
+    int32_t stack[MAX_DEPTH + 1];
+    stack[0] = start;
+    if (!table.has_row(start)) table = fill(start);
+    walk_range<false>(1, nodes_.size(), stack, table, fill, visit, none);
     out.size = k;
     out.shrink_to(n_tokens_);
     return out;
+}
+
+template <class Fill>
+void PackedTrie::mask(int32_t start, RowTable table, Fill&& fill, uint32_t* words, Ends* ends) const {
+    auto visit = bit_setter(words);
+    int32_t stack[MAX_DEPTH + 1];
+    stack[0] = start;
+    if (!table.has_row(start)) table = fill(start);
+    if (ends == nullptr) {
+        auto none = [](size_t, int32_t, const RowTable&) {};
+        walk_range<false>(1, nodes_.size(), stack, table, fill, visit, none);
+        return;
+    }
+    auto enter = [ends](size_t node, int32_t parent, const RowTable& t) {
+        if (t.nullable[parent]) {  // the parent's row is filled: the walk read it to get here
+            ends->nodes.push_back(static_cast<int32_t>(node));
+            ends->states.push_back(parent);
+        }
+    };
+    walk_range<true>(1, nodes_.size(), stack, table, fill, visit, enter);
+}
+
+template <class Fill>
+void PackedTrie::mask_below(const int32_t* nodes, const int32_t* parents, size_t count, RowTable table, Fill&& fill,
+                            uint32_t* words) const {
+    auto visit = bit_setter(words);
+    auto none = [](size_t, int32_t, const RowTable&) {};
+    int32_t stack[MAX_DEPTH + 1];
+    for (size_t i = 0; i < count; ++i) {
+        const auto node = static_cast<size_t>(nodes[i]);
+        const uint32_t d = nodes_[node].depth();
+        stack[d - 1] = parents[i];
+        if (!table.has_row(parents[i])) table = fill(parents[i]);
+        walk_range<false>(node, node + nodes_[node].subtree_size(), stack, table, fill, visit, none);
+    }
 }
 
 }  // namespace constrain

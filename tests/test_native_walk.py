@@ -1,6 +1,6 @@
-"""The C++ trie walk (``constrain._core``) against its Python twin (``TokenAutomaton._walk``) and,
-on small vocabularies, against derivatives taken token by token: transitions and masks identical,
-on random regexes, real schemas and real vocabularies."""
+"""The C++ trie walk (``constrain._core``) against its Python twin (``constrain.walkers.NumpyWalker``)
+and, on small vocabularies, against derivatives taken token by token: transitions and masks
+identical, on random regexes, real schemas and real vocabularies."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.walks import regexes, small_vocabularies
 
 import constrain
 from constrain import _core
@@ -22,20 +23,18 @@ from constrain.compiler import GrammarCompiler
 from constrain.testing.corpus import DEFAULT_DATA
 from constrain.token_trie import TokenTrie
 from constrain.tokenizers import llama3, tekken
+from constrain.walkers import NativeWalker, NumpyWalker
 
 DATA = DEFAULT_DATA / "jsonschemabench"
-ALPHABET = b'ab"{}\\\xc3\xa9'
 
 
 def python_walk(automaton: TokenAutomaton, state: int) -> tuple[np.ndarray, np.ndarray]:
-    tokens, nexts, _ = automaton._walk(automaton._root_seeds(state))
-    return tokens, nexts
+    return NumpyWalker(automaton.trie, automaton.table, automaton.n_words).transitions(state)
 
 
 def native_walk(automaton: TokenAutomaton, state: int) -> tuple[np.ndarray, np.ndarray]:
-    got = automaton.trie.native_transitions(automaton.table, state)
-    assert got is not None, "constrain._core is built but the trie has no packed twin"
-    return got
+    assert automaton.trie.packed is not None, "constrain._core is built but the trie has no packed twin"
+    return NativeWalker(automaton.trie, automaton.table, automaton.n_words).transitions(state)
 
 
 def by_token(tokens: np.ndarray, nexts: np.ndarray) -> dict[int, int]:
@@ -112,37 +111,37 @@ def test_packed_trie_refuses_what_a_node_cannot_hold() -> None:
     assert TokenTrie([b"a", b"x" * 256]).packed is None  # such a vocabulary keeps the numpy walk
 
 
-def test_fill_must_hand_back_the_row() -> None:
+class Table:
+    """A hand-made row table: state 1 --a--> 2 --b--> 3, rows filled on demand (``fill``)."""
+
+    def __init__(self, fill=None) -> None:
+        self.rows = np.zeros((4, 256), np.int32)
+        self.rows[1, ord("a")] = 2
+        self.rows[2, ord("b")] = 3
+        self.row_done = np.array([True, True, False, False])
+        self.row_nullable = np.zeros(4, bool)
+        self.fill = fill or (lambda s: self.row_done.__setitem__(s, True))
+
+    def ensure_rows(self, states) -> None:
+        for s in states:
+            self.fill(s)
+
+
+def test_the_table_must_hand_back_the_row() -> None:
     trie = _core.PackedTrie([b"a", b"ab"])
-    rows = np.zeros((4, 256), np.int32)
-    rows[1, ord("a")] = 2
-    done = np.array([True, True, False, False])
+    tokens, nexts = trie.transitions(Table(), 1)
+    assert tokens.tolist() == [0, 1] and nexts.tolist() == [2, 3]
     with pytest.raises(ValueError, match="no row for state 2"):
-        trie.walk(1, rows, done, lambda s: (rows, done))
-    with pytest.raises(TypeError, match=r"must return \(rows, done\)"):
-        trie.walk(1, rows, done, lambda s: rows)
-    with pytest.raises(TypeError):  # no silent copy of a table of another dtype
-        trie.walk(1, rows.astype(np.int64), done, lambda s: (rows, done))
+        trie.transitions(Table(fill=lambda s: None), 1)
+    broken = Table()
+    broken.rows = broken.rows.astype(np.int64)  # no silent copy of a table of another dtype
+    with pytest.raises(TypeError, match="row table must have rows"):
+        trie.mask(broken, 1)
+    with pytest.raises(IndexError, match="node 9 is not a node below the root"):
+        trie.mask_below(Table(), np.array([9], np.int32), np.array([1], np.int32))
 
 
 # ---------------------------------------------------------------- walks: the twins agree
-
-atoms = st.sampled_from(["a", "b", '"', r"\{", "é", "[ab]", '[^"]', '[^"\\\\]', ".", r"\w", "[a-zé]"])
-
-
-def regexes() -> st.SearchStrategy[str]:
-    def grow(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
-        return st.one_of(
-            st.lists(inner, min_size=2, max_size=3).map("".join),
-            st.lists(inner, min_size=2, max_size=3).map(lambda xs: "(" + "|".join(xs) + ")"),
-            st.tuples(inner, st.sampled_from(["*", "+", "?", "{2}", "{1,3}", "{0,4}"])).map(lambda p: f"({p[0]}){p[1]}"),
-        )
-    return st.recursive(atoms, grow, max_leaves=8)
-
-
-small_vocabularies = st.lists(st.binary(min_size=1, max_size=4).map(lambda b: bytes(ALPHABET[c % len(ALPHABET)] for c in b)),
-                              min_size=1, max_size=60)
-
 
 @settings(max_examples=80, deadline=None)
 @given(regexes(), small_vocabularies, st.randoms(use_true_random=False))
