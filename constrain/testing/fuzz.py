@@ -253,7 +253,7 @@ def _verb(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise Refused(exc, time.monotonic() - t0, time.process_time() - c0) from exc
 
 
-MAX_EXPONENT = 400   # a number literal with a larger exponent is not judged (exact arithmetic would explode)
+MAX_EXPONENT = 5000  # a number literal with a larger exponent is not judged (exact arithmetic would explode)
 
 
 def _exact(x: Any) -> fractions.Fraction | None:
