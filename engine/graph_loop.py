@@ -91,24 +91,17 @@ class GraphStep:
         return [int(t) for t in self._out[0]]
 
     def verify(self, batch: list[Row], masks: torch.Tensor, scheduler: Scheduler) -> list[list[int]]:
-        """Speculative step: pending + draft of every row in one eager pass of the static decoder,
-        masks from the host walk (``Scheduler._draft``), verified by ``kernels.verify_draft``."""
+        """Speculative step: pending + draft of every row in one pass of the static decoder (a
+        captured graph per bucket), masks from the host walk (``Scheduler._draft``), verified
+        by ``kernels.verify_draft``."""
         run = self.runner
         self._resolve_pending()
         width = masks.shape[1]
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        pick: list[int] = []  # per row: its last pending token, then each draft token (padded)
-        for i, s in enumerate(batch):
-            start, toks = len(ids), s.pending + s.draft
-            ids += toks
-            pos += range(s.length, s.length + len(toks))
-            slots += [i] * len(toks)
-            first, end = start + len(s.pending) - 1, start + len(toks) - 1
-            pick += [min(first + j, end) for j in range(width)]
-        logits = run.tokens_logits(ids, pos, slots, run.length_bucket(max(pos) + 1))
-        logits = logits[torch.as_tensor(pick, device=run.device)].view(len(batch), width, -1)
+        logits = run.verify_forward([s.pending + s.draft for s in batch], [s.length for s in batch])
+        # per row: the logits after its last pending token, then after each draft token
+        pick = torch.as_tensor([[min(len(s.pending) - 1 + j, len(s.pending) + len(s.draft) - 1) for j in range(width)]
+                                for s in batch], device=run.device)
+        logits = torch.gather(logits, 1, pick.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
         self.steps += 1
         self._verified = True
         return verify_drafts(logits, batch, masks)

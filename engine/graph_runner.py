@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("constrain")
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+WIDTH_BUCKETS = (2, 4, 8, 16, 32)  # tokens per row of a captured verification pass
 MIN_LENGTH_BUCKET = 64
 _MIX = 0x9E3779B97F4A7C15
 _DRAW = 0xBF58476D1CE4E5B9 - (1 << 64)  # as int64: products wrap mod 2^64 like engine.sampler's
@@ -83,6 +84,7 @@ class GraphRunner:
         self.logits = torch.zeros(n, vocab, dtype=torch.float32, device=dev)
         self.out = torch.zeros(3, n, dtype=torch.int64, device=dev)  # token, state after, miss
         self.out_host = torch.zeros(3, n, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        self._verify_bufs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._graphs: dict[tuple[object, ...], torch.cuda.CUDAGraph] = {}
         self._table_gen: tuple[int, int] | None = None
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
@@ -148,6 +150,45 @@ class GraphRunner:
         dev = self.device
         return self.decoder.step(torch.as_tensor(ids, device=dev), torch.as_tensor(pos, device=dev), length,
                                  torch.as_tensor(slots, device=dev))
+
+    @torch.inference_mode()
+    def verify_forward(self, tokens: list[list[int]], starts: list[int]) -> torch.Tensor:
+        """Logits (rows, W, V) of ``tokens[r]`` appended to slot r at ``starts[r]`` ([r, j]: after
+        its j-th token; W >= the longest row), one pass replayed from a graph per (rows, W,
+        length) bucket (``StaticDecoder.step(width=W)``): speculative verification. Rows past
+        the longest width bucket run eagerly."""
+        n, need = len(tokens), max(len(t) for t in tokens)
+        length = self.length_bucket(max(s + len(t) for s, t in zip(starts, tokens)))
+        width = next((w for w in WIDTH_BUCKETS if w >= need), None)
+        if width is None:
+            flat = [(r, j) for r, t in enumerate(tokens) for j in range(len(t))]
+            logits = self.tokens_logits([tokens[r][j] for r, j in flat], [starts[r] + j for r, j in flat],
+                                        [r for r, _ in flat], length)
+            out = logits.new_zeros((n, need, logits.shape[-1]))
+            out[torch.as_tensor([r for r, _ in flat]), torch.as_tensor([j for _, j in flat])] = logits
+            return out
+        rows = batch_bucket(n)
+        bufs = self._verify_bufs.get((rows, width))
+        if bufs is None:
+            vocab = self.logits.shape[-1]
+            bufs = self._verify_bufs[(rows, width)] = (
+                torch.zeros(width * rows, dtype=torch.int64, device=self.device),
+                torch.full((width * rows,), self.max_len, dtype=torch.int64, device=self.device),
+                torch.zeros(width * rows, vocab, dtype=torch.float32, device=self.device))
+        ids, pos, logits = bufs
+        host_ids = torch.zeros((width, rows), dtype=torch.int64)
+        host_pos = torch.full((width, rows), self.max_len, dtype=torch.int64)  # padding: scratch column
+        for r, (t, s) in enumerate(zip(tokens, starts)):
+            host_ids[: len(t), r] = torch.as_tensor(t)
+            host_pos[: len(t), r] = torch.arange(s, s + len(t))
+        ids.copy_(host_ids.view(-1), non_blocking=True)
+        pos.copy_(host_pos.view(-1), non_blocking=True)
+
+        def body() -> None:
+            logits.copy_(self.decoder.step(ids, pos, length, width=width))
+
+        self._run(("verify", rows, width, length), body)
+        return logits.view(width, rows, -1)[:need, :n].transpose(0, 1)
 
     @torch.inference_mode()
     def sample(self, rows: int, mode: str, table: StateTable | None = None, filtered: bool = False) -> None:

@@ -81,13 +81,16 @@ class StaticDecoder:
 
     @torch.inference_mode()
     def step(self, ids: torch.Tensor, pos: torch.Tensor, length: int,
-             slots: torch.Tensor | None = None) -> torch.Tensor:
+             slots: torch.Tensor | None = None, width: int = 1) -> torch.Tensor:
         """ids (B,) int64 (negative ids are read as 0), pos (B,) int64 -> logits (B, V) float32.
 
         ``slots`` (B,) maps row i to a KV slot (default: slot i). Several rows of one slot at
         consecutive positions append several tokens in one pass (forced text): every row's keys
         are stored before any row attends, and attention is masked to ``<= pos``. That path
         gathers the slots' cache columns for attention, so it runs eagerly, off the graphs.
+        ``width`` > 1 (speculative verification) is that without the gather, in fixed shapes:
+        row ``j * R + r`` (R = B // width) is the j-th token of slot r, and attention runs once
+        per j over the slots' own cache (capturable).
         """
         b = ids.shape[0]
         cache = self.cache
@@ -99,6 +102,8 @@ class StaticDecoder:
         # Flat row index of (slot b, head j, column write[b]) in a (slots*kv, cols, hd) view.
         cols = cache.max_len + 1
         slot = torch.arange(b, device=ids.device) if slots is None else slots
+        if width > 1:
+            slot = slot % (b // width)
         slot_head = slot.view(b, 1) * nkv + torch.arange(nkv, device=ids.device)
         flat = (slot_head * cols + write.view(b, 1)).reshape(-1)
         delta = None  # what the last block adds to the residual stream h, folded into the next norm
@@ -114,7 +119,12 @@ class StaticDecoder:
             q = rope_store_kv(qkv, cos, sin, kb.view(-1, hd), vb.view(-1, hd), flat, nh, nkv)
             if slots is not None:
                 kb, vb = kb[slots, :, :length], vb[slots, :, :length]
-            delta = attn.o_proj(decode_attention(q, kb, vb, pos, length, self.scale))
+            if width > 1:
+                r = b // width
+                delta = attn.o_proj(torch.cat([decode_attention(q[j * r:(j + 1) * r], kb, vb, pos[j * r:(j + 1) * r],
+                                                                length, self.scale) for j in range(width)]))
+            else:
+                delta = attn.o_proj(decode_attention(q, kb, vb, pos, length, self.scale))
             x, h = add_rms_norm(h, delta, *self.norms[i][1])
             mlp, gate_up = layer.mlp, self.gate_up[i]
             if gate_up is None:
