@@ -68,19 +68,28 @@ class TokenAutomaton:
         return self.table.nullable(state)
 
     def next_state(self, state: int, token: int) -> int:
-        """The state after ``token``, or -1 when the mask forbids it (stop tokens excluded)."""
+        """The state after ``token``, or -1 when the mask forbids it (stop tokens excluded).
+
+        A state without a row takes the derivative by the one byte: the states inside a token,
+        and a union's (its mask is built from its members), are rarely walked from, and a row
+        derives every byte class.
+        """
         if not 0 <= token < len(self.token_bytes):
             return -1
         data = self.token_bytes[token]
         if not data:
             return -1
-        rows, done = self.table.rows, self.table.row_done
+        table = self.table
         s = state
         for b in data:
-            if s >= len(done) or not done[s]:
-                self.table.ensure_rows((s,))
-                rows, done = self.table.rows, self.table.row_done
-            s = int(rows[s, b])
+            done = table.row_done
+            if s < len(done) and done[s]:
+                s = int(table.rows[s, b])
+            else:
+                with table.work():  # the same entry the row would hold: live derivatives only
+                    s = table.derive(s, b)
+                    if s != NOTHING and not table.is_live(s):
+                        s = NOTHING
             if s == NOTHING:
                 return -1
         return s
