@@ -238,7 +238,7 @@ class Scheduler:
             return None
         return left if s.matcher.budget_binds(left) else None
 
-    def fill_mask(self, s: Row, bitmask: torch.Tensor, row: int, ahead: int = 0) -> None:
+    def fill_mask(self, s: Row, bitmask: torch.Tensor | np.ndarray, row: int, ahead: int = 0) -> None:
         """``s``'s matcher's mask into ``bitmask`` row ``row``, budget-aware near the end.
 
         When even the close is impossible (a budget smaller than the shortest document) the
@@ -302,7 +302,7 @@ class Scheduler:
         if self._masks is None or self._masks.shape[0] < len(batch):
             self._masks = allocate_token_bitmask(self.backend.max_rows * positions, self.vocab.vocab_size).view(
                 self.backend.max_rows, positions, -1)
-        flat = self._masks.view(-1, self._masks.shape[-1])
+        flat = self._masks.view(-1, self._masks.shape[-1]).numpy()  # numpy: cheap per-element access
         drafted = False
         for i, s in enumerate(batch):
             try:
@@ -316,7 +316,7 @@ class Scheduler:
         width = 1 + max(len(s.draft) for s in batch)
         return self._masks[: len(batch), :width]
 
-    def _draft(self, s: Row, masks: torch.Tensor, base: int, room: int) -> None:
+    def _draft(self, s: Row, masks: np.ndarray, base: int, room: int) -> None:
         """Propose ``s``'s draft and fill its masks at rows ``base..``, walking the matcher along
         it (then rolled back): the draft is cut at the first token its mask forbids, at a stop,
         and where the budget ends; forced text the plain path would append rides along with a
@@ -342,7 +342,7 @@ class Scheduler:
                     if j + len(run) > room:  # cut before it: the plain path forces from here
                         break
                     for t in run:  # the mask is the forced token: accepted for sure, as if forced
-                        masks[base + j].zero_()
+                        masks[base + j] = 0
                         masks[base + j, t >> 5] = _bit(t)
                         if not m.accept_token(t):
                             raise _DraftEnd
@@ -361,7 +361,7 @@ class Scheduler:
                         break
                 x, kind = queue.pop(0)
                 if m is not None:
-                    ok = x < self.vocab.vocab_size and bool((int(masks[base + j, x >> 5]) >> (x & 31)) & 1)
+                    ok = 0 <= x < self.vocab.vocab_size and bool((int(masks[base + j, x >> 5]) >> (x & 31)) & 1)
                     if not ok:
                         if not cfg.mask_drafts:  # unmasked drafts: verification rejects it
                             draft.append(x)

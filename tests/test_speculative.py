@@ -359,3 +359,12 @@ def test_config_parse() -> None:
     assert SpeculativeConfig.parse("lookup").drafters == ("lookup",)  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="drafters"):
         SpeculativeConfig.parse("eagle")
+
+
+def test_cli_flag_shows_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+    from constrain.engine.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--speculative {off,forced,lookup,forced+lookup}" in out and "(default: off)" in out
