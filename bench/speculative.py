@@ -5,7 +5,8 @@ prose, greedy extraction under the schema) run through the public ``Engine`` onc
 configuration: no speculation (the baseline), then each drafter (``forced``, ``lookup``,
 ``forced+lookup``) with drafts cut by the constraint's masks, and the lookup drafters with
 *unmasked* drafts (a forbidden draft token is left to verification to reject), on the same
-prompts. At batch b the items run in groups of b requests (one ``Engine.run`` each), so the
+prompts, and ``forced+lookup fixed``: every row verifies up to ``max_draft`` lookup tokens
+whatever its acceptance rate (the default adapts it per row). At batch b the items run in groups of b requests (one ``Engine.run`` each), so the
 batch is b at the start of each group and shrinks as rows finish.
 
 Columns: tokens/s (emitted tokens over wall time, forced text included), speedup over the
@@ -31,7 +32,8 @@ import torch
 
 from bench.extraction import DEFAULT_SUBSETS, Item, compiles, configurations, load_items, score
 
-DRAFTERS = ("none", "forced", "lookup", "forced+lookup", "lookup unmasked", "forced+lookup unmasked")
+DRAFTERS = ("none", "forced", "lookup", "forced+lookup", "forced+lookup fixed", "lookup unmasked",
+            "forced+lookup unmasked")
 HEADER = ("| drafter | batch | tokens/s | speedup | accepted length | drafts/request | accepted | "
           "same as baseline | schema-valid |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|")
 
@@ -42,8 +44,9 @@ def config(name: str, max_draft: int) -> Any:
 
     if name == "none":
         return None
-    drafters, _, unmasked = name.partition(" ")
-    return SpeculativeConfig(drafters=tuple(drafters.split("+")), max_draft=max_draft, mask_drafts=not unmasked)
+    drafters, _, variant = name.partition(" ")
+    return SpeculativeConfig(drafters=tuple(drafters.split("+")), max_draft=max_draft,
+                             mask_drafts=variant != "unmasked", adaptive=variant != "fixed")
 
 
 def sync(device: str) -> None:
@@ -91,7 +94,8 @@ def measure(engine: Any, name: str, items: Sequence[Item], batch: int, args: arg
 
 def table_row(r: dict[str, Any]) -> str:
     acc = f"{100 * r['acceptance']:.0f}%" if r["drafter"] != "none" else "-"
-    return (f"| {r['drafter']} | {r['batch']} | {r['tok_per_s']:.0f} | {r['speedup']:.2f}x | "
+    tps = f"{r['tok_per_s']:.0f}" if r["tok_per_s"] >= 10 else f"{r['tok_per_s']:.2f}"
+    return (f"| {r['drafter']} | {r['batch']} | {tps} | {r['speedup']:.2f}x | "
             f"{r['accepted_length']:.2f} | {r['drafts_per_request']:.1f} | {acc} | {r['same']}/{r['items']} | "
             f"{r['valid']}/{r['items']} |")
 

@@ -344,7 +344,8 @@ class Scheduler:
                     for t in run:  # the mask is the forced token: accepted for sure, as if forced
                         masks[base + j] = 0
                         masks[base + j, t >> 5] = _bit(t)
-                        if not m.accept_token(t):
+                        if not m.accept_token(t):  # as the plain path: the model picks from here
+                            self.fill_mask(s, masks, base + j, ahead=j)
                             raise _DraftEnd
                         walked += 1
                         draft.append(t)

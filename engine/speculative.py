@@ -196,7 +196,9 @@ def verify(
     dev = logits.device
     if masks is not None and constrained:
         flat = logits.view(b * k1, v)
-        rows = torch.as_tensor([r * k1 + j for r in constrained for j in range(k1)], dtype=torch.int32, device=dev)
+        # only the positions each draft reaches (the rest of the padded width is never read)
+        rows = torch.as_tensor([r * k1 + j for r in constrained for j in range(len(drafts[r]) + 1)],
+                               dtype=torch.int32, device=dev)
         masks = masks.reshape(b * k1, -1).to(dev, non_blocking=True)
         apply_token_bitmask_inplace(flat, masks, rows)
         masks = masks.view(b, k1, -1)
