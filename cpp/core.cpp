@@ -2,7 +2,6 @@
 // constrain/automaton.py is its reference twin.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
-#include <nanobind/stl/string.h>
 
 #include <algorithm>
 #include <memory>
