@@ -351,7 +351,7 @@ class Scheduler:
                         draft.append(t)
                         kinds.append(FORCED)
                         j += 1
-                        self.fill_mask(s, masks, base + j, ahead=j)
+                    self.fill_mask(s, masks, base + j, ahead=j)
                     queue = []
                     continue
                 if not queue:

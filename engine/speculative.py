@@ -66,9 +66,13 @@ class ForcedDrafter:
 class LookupDrafter:
     """Prompt lookup: what followed the latest earlier occurrence of the longest suffix (up to
     ``max_ngram`` tokens) of the sequence, in the prompt or the output (extraction copies spans
-    of its input)."""
+    of its input). Where no token n-gram recurs, the same on the text: a span copied from prose
+    into JSON starts with other tokens (``"John`` against `` John``) but continues with the
+    same text, so the bytes that followed the output's last ``TEXT_SUFFIXES`` bytes earlier are
+    tokenized canonically as the draft."""
 
     adaptive = True
+    TEXT_SUFFIXES = (32, 16, 8, 4)  # suffix lengths in bytes, tried longest first
 
     def __init__(self, max_ngram: int = 3) -> None:
         self.max_ngram = max_ngram
@@ -80,7 +84,19 @@ class LookupDrafter:
             index = row.drafter_state[self] = NgramIndex(self.max_ngram)
             index.extend(prompt)
         index.extend(row.generated[len(index.seq) - len(prompt):])
-        return index.lookup(tail, k)
+        found = index.lookup(tail, k)
+        if found:
+            return found
+        tb = scheduler.vocab.token_bytes
+        index.text_upto(tb)
+        seq = bytes(index.text) + b"".join((tb[t] or b"") if t < len(tb) else b"" for t in tail)
+        for n in self.TEXT_SUFFIXES:
+            if len(seq) > n:
+                at = seq.rfind(seq[-n:], 0, len(seq) - 1)
+                if at >= 0:
+                    cont = seq[at + n: at + n + 8 * k].decode("utf-8", "ignore")
+                    return scheduler.encode(cont)[:k] if cont else []
+        return []
 
 
 @dataclass(frozen=True)
@@ -141,6 +157,8 @@ class NgramIndex:
         self.ends: dict[tuple[int, ...], int] = {}
         self.seq: list[int] = []
         self._indexed = 0  # n-grams ending at positions < this are indexed
+        self.text = bytearray()  # the bytes of seq[:_spelled] (``text_upto``)
+        self._spelled = 0
 
     def extend(self, tokens: Sequence[int]) -> None:
         self.seq.extend(tokens)
@@ -149,6 +167,12 @@ class NgramIndex:
             for n in range(1, min(self.max_n, e) + 1):
                 ends[tuple(seq[e - n:e])] = e
         self._indexed = max(self._indexed, len(seq))
+
+    def text_upto(self, token_bytes: Sequence[bytes | None]) -> None:
+        """Bring ``text`` up to the whole sequence (special tokens spell nothing)."""
+        for t in self.seq[self._spelled:]:
+            self.text += (token_bytes[t] or b"") if t < len(token_bytes) else b""
+        self._spelled = len(self.seq)
 
     def lookup(self, tail: Sequence[int], k: int) -> list[int]:
         """Up to ``k`` tokens that followed the longest suffix of ``seq + tail`` seen earlier."""

@@ -167,6 +167,24 @@ def test_graph_path_speculation_equals_plain() -> None:
     assert sum(r.draft_tokens for r in spec) > 0
 
 
+def test_graph_path_wide_rows_fall_back_to_the_eager_pass() -> None:
+    """Byte tokens make forced keys long: a row's pending + draft beyond the widest captured
+    width goes through the eager several-tokens pass, with the same tokens."""
+    model = _tiny_llama(BYTES.vocab_size, seed=3, init=1.0)
+    schema = {"type": "object", "properties": {"international_standard_book_number": {"type": "string",
+                                                                                      "maxLength": 40}},
+              "required": ["international_standard_book_number"], "additionalProperties": False}
+    grammar = Constraint.from_args(schema).compile(BYTES)
+    prompt = list(b'{"international_standard_book_number":"isbn-isbn-isbn-isbn-isbn"}')
+    reqs = [GenerationRequest(prompt, grammar, max_tokens=60, force_tokens=f) for f in (True, False)]
+    want = run_requests(_byte_scheduler(model, 2, None, 128), reqs)
+    step = GraphStep(GraphRunner(model, 2, 128), BYTES.vocab_size)
+    cfg = SpeculativeConfig(max_draft=40)
+    got = run_requests(Scheduler(step, BYTES, lambda text: list(text.encode()), speculative=cfg), reqs)
+    _same(want, got)
+    assert got[1].draft_tokens > 32  # forced text proposed as drafts when forcing is off
+
+
 def test_demo_model_copies_through_lookup() -> None:
     """The real model copies spans of its prompt: lookup drafts are accepted, output unchanged."""
     eng = engine()
@@ -187,8 +205,8 @@ BYTES = Vocabulary.from_token_bytes([bytes([b]) for b in range(256)] + [None], e
 EOS = 256
 
 
-def _byte_scheduler(model: Any, rows: int, spec: Any) -> Scheduler:
-    backend = EagerStep(ModelRunner(model, rows, 64), BYTES.vocab_size)
+def _byte_scheduler(model: Any, rows: int, spec: Any, max_len: int = 64) -> Scheduler:
+    backend = EagerStep(ModelRunner(model, rows, max_len), BYTES.vocab_size)
     return Scheduler(backend, BYTES, lambda text: list(text.encode()), speculative=spec)
 
 
