@@ -276,6 +276,9 @@ class ExactNumber(float):
     exact: fractions.Fraction
 
     def __new__(cls, text: str) -> ExactNumber:
+        written = re.search(r"[eE][+-]?0*(\d*)", text)  # before Decimal, which refuses exponents past 10**18
+        if written and len(written.group(1)) > len(str(MAX_EXPONENT)):
+            raise NoOracle(f"number {text[:40]} is beyond exact judging")
         value = decimal.Decimal(text)
         exponent = value.as_tuple().exponent
         if not isinstance(exponent, int) or abs(exponent) + len(text) > MAX_EXPONENT:
