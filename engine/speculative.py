@@ -230,6 +230,7 @@ def verify(
     groups: dict[int, list[int]] = {}
     for r, draft in enumerate(drafts):
         groups.setdefault(len(draft), []).append(r)
+    verified: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
     for d, rows_d in groups.items():
         idx = torch.as_tensor(rows_d, device=dev)
         if d == 0:  # exactly a plain step's draw (its mask, filters and seed)
@@ -248,10 +249,13 @@ def verify(
         temp = torch.as_tensor([params[r].temperature for r in rows_d], dtype=torch.float32, device=dev)
         seed = torch.as_tensor([step_seed(seeds[r], draws[r]) for r in rows_d], dtype=torch.int64, device=dev)
         toks_t, n_out, _, flags = verify_draft(tgt, one_hot, dtok, None, None, temperature=temp, seeds=seed)
-        toks_l, n_l, flags_l = toks_t.tolist(), n_out.tolist(), flags.tolist()
-        for j, r in enumerate(rows_d):
-            emitted = [int(t) for t in toks_l[j][: n_l[j]]]
-            out[r] = emitted + [-1] if flags_l[j] == 2 else emitted
+        verified.append((rows_d, torch.nn.functional.pad(toks_t, (0, k1 - d - 1), value=-1),
+                         torch.stack([n_out.long(), flags.long()], 1)))
+    if verified:  # one host read for every group
+        toks_l = torch.cat([t for _, t, _ in verified]).tolist()
+        meta = torch.cat([m for _, _, m in verified]).tolist()
+        for r, toks_r, (n, flag) in zip((r for rows_d, _, _ in verified for r in rows_d), toks_l, meta):
+            out[r] = toks_r[:n] + [-1] if flag == 2 else toks_r[:n]
     return out
 
 
