@@ -15,6 +15,7 @@ namespace nb = nanobind;
 using namespace nb::literals;
 using constrain::PackedTrie;
 using constrain::RowTable;
+using constrain::Slice;
 
 namespace {
 
@@ -124,25 +125,25 @@ nb::tuple transitions(const PackedTrie& trie, nb::handle table, int32_t start) {
     return nb::make_tuple(to_numpy(std::move(result->tokens), size), to_numpy(std::move(result->states), size));
 }
 
-IntArray mask(const PackedTrie& trie, nb::handle table, int32_t start) {
+IntArray mask(const PackedTrie& trie, nb::handle table, int32_t start, const Slice* slice) {
     check_state(start, "mask");
     TableView rows(table);
     auto words = zeroed_words(trie);
     {
         nb::gil_scoped_release release;
-        trie.mask(start, rows.rows(), [&](int32_t s) { return rows.fill(s); }, words.get(), nullptr);
+        trie.mask(start, rows.rows(), [&](int32_t s) { return rows.fill(s); }, words.get(), nullptr, slice);
     }
     return words_array(trie, std::move(words));
 }
 
-nb::tuple head_mask(const PackedTrie& trie, nb::handle table, int32_t start) {
+nb::tuple head_mask(const PackedTrie& trie, nb::handle table, int32_t start, const Slice* slice) {
     check_state(start, "head_mask");
     TableView rows(table);
     auto words = zeroed_words(trie);
     constrain::Ends ends;
     {
         nb::gil_scoped_release release;
-        trie.mask(start, rows.rows(), [&](int32_t s) { return rows.fill(s); }, words.get(), &ends);
+        trie.mask(start, rows.rows(), [&](int32_t s) { return rows.fill(s); }, words.get(), &ends, slice);
     }
     return nb::make_tuple(words_array(trie, std::move(words)), to_numpy(std::move(ends.nodes)),
                           to_numpy(std::move(ends.states)));
@@ -170,8 +171,14 @@ IntArray mask_below(const PackedTrie& trie, nb::handle table, const Ids& nodes, 
     return words_array(trie, std::move(words));
 }
 
-IntArray outermost(const PackedTrie& trie, const Ids& nodes, const nb::ndarray<const bool, nb::shape<256>, nb::c_contig,
-                                                                            nb::device::cpu>& bytes) {
+using ByteFlags = nb::ndarray<const bool, nb::shape<256>, nb::c_contig, nb::device::cpu>;
+
+Slice make_slice(const PackedTrie& trie, const ByteFlags& bytes) {
+    nb::gil_scoped_release release;
+    return trie.slice(bytes.data());
+}
+
+IntArray outermost(const PackedTrie& trie, const Ids& nodes, const ByteFlags& bytes) {
     check_nodes(trie, nodes, "outermost");
     return to_numpy(trie.outermost(nodes.data(), nodes.shape(0), bytes.data()));
 }
@@ -198,6 +205,10 @@ nb::ndarray<nb::numpy, uint32_t, nb::ndim<2>> nodes(const PackedTrie& trie) {
 
 NB_MODULE(_core, m) {
     m.doc() = "The token automaton's hot path in C++ (the Python automaton is its reference twin).";
+    nb::class_<Slice>(m, "Slice",
+                      "A byte set's slice of a vocabulary: the tokens made of those bytes only, and the trie nodes "
+                      "where a token first leaves the set (``PackedTrie.slice``).")
+        .def_prop_ro("exit_count", [](const Slice& s) { return s.exits.size(); }, "Nodes where a token leaves the set.");
     nb::class_<PackedTrie>(
         m, "PackedTrie",
         "Byte trie of a vocabulary, one 8-byte node per trie node in depth-first order. Immutable and safe to share "
@@ -214,10 +225,16 @@ NB_MODULE(_core, m) {
              "A copy of the nodes as uint32[n, 2]: (token << 8 | byte, subtree size << 8 | depth).")
         .def("transitions", &transitions, "table"_a, "start"_a,
              "Every token allowed from ``start`` and the state each leads to, as two int32 arrays in byte order.")
-        .def("mask", &mask, "table"_a, "start"_a, "The mask words of the tokens allowed from ``start``.")
-        .def("head_mask", &head_mask, "table"_a, "start"_a,
+        .def("mask", &mask, "table"_a, "start"_a, "slice"_a = nb::none(),
+             "The mask words of the tokens allowed from ``start``. With ``slice`` (the caller promises that "
+             "every byte of its set leads ``start`` back to itself), its tokens are allowed at once and only the "
+             "nodes below its exits are walked.")
+        .def("head_mask", &head_mask, "table"_a, "start"_a, "slice"_a = nb::none(),
              "``mask`` and where a token may leave ``start``'s language: every node (live or not) entered from a "
-             "state that may end there, and that state, as int32 arrays in depth-first order.")
+             "state that may end there, and that state, as int32 arrays in depth-first order. A ``slice`` is "
+             "only for a ``start`` that may not end there.")
+        .def("slice", &make_slice, "bytes"_a.noconvert(),
+             "The slice of the byte set ``bytes`` (bool[256]), for ``mask`` from states that loop on it.")
         .def("mask_below", &mask_below, "table"_a, "nodes"_a.noconvert(), "parents"_a.noconvert(),
              "The mask words of the tokens allowed at or below each of ``nodes`` (int32, none in another's "
              "subtree), entered from the state ``parents[i]`` at the node's parent.")

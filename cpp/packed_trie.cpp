@@ -74,6 +74,23 @@ PackedTrie::PackedTrie(const std::vector<std::string_view>& token_bytes)
     nodes_[0].size_depth = static_cast<uint32_t>(nodes_.size()) << 8;
 }
 
+Slice PackedTrie::slice(const bool* bytes) const {
+    Slice out;
+    out.words.assign((n_ids_ + 31) / 32, 0);
+    auto visit = bit_setter(out.words.data());
+    for (size_t p = 1; p < nodes_.size();) {  // every node here has all its ancestors' bytes in the set
+        const TrieNode n = nodes_[p];
+        if (!bytes[n.byte()]) {
+            out.exits.push_back(static_cast<int32_t>(p));
+            p += n.subtree_size();
+            continue;
+        }
+        visit(n.token(), 0);
+        ++p;
+    }
+    return out;
+}
+
 std::vector<int32_t> PackedTrie::outermost(const int32_t* nodes, size_t count, const bool* bytes) const {
     std::vector<int32_t> out;
     size_t covered = 0;  // end of the subtree of the last node kept

@@ -37,6 +37,16 @@ struct RowTable {
     bool has_row(int32_t s) const { return static_cast<size_t>(s) < n_states && done[s]; }
 };
 
+// A byte set's slice of the vocabulary (llguidance's slicer, for any state that loops on many
+// bytes): the tokens made of those bytes only, as mask words, and the exit nodes, those whose own
+// byte is outside the set and all of whose ancestors' bytes are inside it, in depth-first order.
+// From a state that every byte of the set leads back to, a walk sets the slice's words and walks
+// only below the exit nodes, each entered from that state.
+struct Slice {
+    std::vector<uint32_t> words;
+    std::vector<int32_t> exits;
+};
+
 // Where a walk of a head alone may cross into a tail: every node (live or not) entered from a
 // state that may end there, with that state, in depth-first order.
 struct Ends {
@@ -87,9 +97,14 @@ public:
     WalkResult walk(int32_t start, RowTable table, Fill&& fill) const;
 
     // The same tokens as bits: words[t / 32] bit t % 32 set for each (words: ceil(ids / 32), zeroed).
-    // With `ends`, also where the walk may cross into a tail (see Ends).
+    // With `ends`, also where the walk may cross into a tail (see Ends). With `slice`, the caller
+    // promises that every byte of the slice's set leads `start` back to itself and, with `ends`,
+    // that `start` may not end there (no node entered from it is an end).
     template <class Fill>
-    void mask(int32_t start, RowTable table, Fill&& fill, uint32_t* words, Ends* ends) const;
+    void mask(int32_t start, RowTable table, Fill&& fill, uint32_t* words, Ends* ends, const Slice* slice) const;
+
+    // The slice of the byte set `bytes` (flags per byte).
+    Slice slice(const bool* bytes) const;
 
     // Tokens allowed below each of `nodes` (each with its subtree), entered from the state
     // `parents[i]` at the node's parent, ORed into `words`. Nodes must not lie in each other's subtrees.
@@ -188,23 +203,31 @@ WalkResult PackedTrie::walk(int32_t start, RowTable table, Fill&& fill) const {
 }
 
 template <class Fill>
-void PackedTrie::mask(int32_t start, RowTable table, Fill&& fill, uint32_t* words, Ends* ends) const {
+void PackedTrie::mask(int32_t start, RowTable table, Fill&& fill, uint32_t* words, Ends* ends, const Slice* slice) const {
     auto visit = bit_setter(words);
     int32_t stack[MAX_DEPTH + 1];
-    stack[0] = start;
     if (!table.has_row(start)) table = fill(start);
-    if (ends == nullptr) {
-        auto none = [](size_t, int32_t, const RowTable&) {};
-        walk_range<false>(1, nodes_.size(), stack, table, fill, visit, none);
-        return;
-    }
+    auto none = [](size_t, int32_t, const RowTable&) {};
     auto enter = [ends](size_t node, int32_t parent, const RowTable& t) {
         if (t.nullable[parent]) {  // the parent's row is filled: the walk read it to get here
             ends->nodes.push_back(static_cast<int32_t>(node));
             ends->states.push_back(parent);
         }
     };
-    walk_range<true>(1, nodes_.size(), stack, table, fill, visit, enter);
+    // The whole trie, or only below the slice's exits: either way ranges of nodes entered from start.
+    auto walk = [&](size_t begin, size_t end) {
+        stack[nodes_[begin].depth() - 1] = start;
+        if (ends == nullptr)
+            walk_range<false>(begin, end, stack, table, fill, visit, none);
+        else
+            walk_range<true>(begin, end, stack, table, fill, visit, enter);
+    };
+    if (slice == nullptr) {
+        if (nodes_.size() > 1) walk(1, nodes_.size());
+        return;
+    }
+    for (size_t i = 0; i < slice->words.size(); ++i) words[i] |= slice->words[i];
+    for (const int32_t exit : slice->exits) walk(static_cast<size_t>(exit), exit + nodes_[exit].subtree_size());
 }
 
 template <class Fill>

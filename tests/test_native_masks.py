@@ -21,12 +21,21 @@ import constrain
 from constrain.automaton import TokenAutomaton
 from constrain.compiler import GrammarCompiler
 from constrain.derivatives import ALL_BYTES
+from constrain.grammars import ir
 from constrain.grammars.builtin import builtin_grammar, names
+from constrain.grammars.regex import regex_to_ir
 from constrain.testing.corpus import DEFAULT_DATA
 from constrain.tokenizers import tekken
 from constrain.walkers import HeadWalk, NativeWalker, NumpyWalker
 
 DATA = DEFAULT_DATA / "jsonschemabench"
+
+
+def two_rules(head: str, tail: str) -> ir.Grammar:
+    """``head`` then ``tail`` as two rules: inside the first, states are ``FRAME(rest) tail``
+    sequences, which take the split path (a single regex's states are frames)."""
+    return ir.Grammar({"start": ir.seq(ir.ref("head"), ir.ref("tail")), "head": regex_to_ir(head),
+                       "tail": regex_to_ir(tail)})
 
 
 def twins(compiled: constrain.CompiledGrammar) -> tuple[TokenAutomaton, TokenAutomaton]:
@@ -120,7 +129,7 @@ def test_split_masks_on_small_vocabularies(head, tail, token_bytes, rng) -> None
     """``head tail`` states take the split path; every id checked one by one too."""
     vocab = constrain.Vocabulary.from_token_bytes([*token_bytes, None], eos_token_ids=[len(token_bytes)])
     try:
-        compiled = constrain.compile_regex(f"({head})*({tail})", vocab)
+        compiled = constrain.compile_grammar(two_rules(f"({head})*", tail), vocab)
     except constrain.GrammarError:
         return
     native, twin = twins(compiled)
@@ -132,7 +141,7 @@ def test_split_masks_on_small_vocabularies(head, tail, token_bytes, rng) -> None
 def test_head_walks_agree_piece_by_piece(head, tail, token_bytes, first, rng) -> None:
     vocab = constrain.Vocabulary.from_token_bytes(token_bytes)
     try:
-        compiled = constrain.compile_regex(f"({head})*({tail})", vocab)
+        compiled = constrain.compile_grammar(two_rules(f"({head})*", tail), vocab)
     except constrain.GrammarError:
         return
     native, twin = twins(compiled)
@@ -143,6 +152,21 @@ def test_head_walks_agree_piece_by_piece(head, tail, token_bytes, first, rng) ->
         if not len(tokens):
             break
         state = int(nexts[rng.randrange(len(tokens))])
+
+
+@pytest.mark.parametrize("head, tail, prefix", [('[^"]*', '"x', b"a"), ('"[^"\\\\]*"', "[0-9]{2}", b'"a'),
+                                               ("[a-z0-9 ]{0,40}", ";", b"x"), ("(true|[a-z]+)", "[0-9]+", b"t")])
+def test_heads_that_loop_on_many_bytes(head, tail, prefix) -> None:
+    """String bodies and the like take the vocabulary's slice; a head that may end inside its loop
+    records every node entered from it, so it walks the whole trie: both as the twin does. (Over
+    tekken's first 4,000 tokens: the twin's ends are compared node by node.)"""
+    vocab = constrain.Vocabulary.from_token_bytes([*tekken().token_bytes[:4000], None], eos_token_ids=[4000])
+    native, twin = twins(GrammarCompiler().compile_grammar(two_rules(head, tail), vocab))
+    state = native.table.derive_bytes(native.initial_state, prefix)
+    parts = native.table.split(state)
+    assert parts is not None
+    check_heads(native, twin, state, native.table.first_bytes(parts[1]))
+    check_mask(native, twin, state)
 
 
 @settings(max_examples=15, deadline=None)

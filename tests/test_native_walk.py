@@ -103,6 +103,34 @@ def test_packed_nodes_are_the_depth_first_trie(token_bytes) -> None:
             assert len(token_bytes) <= token < 0xFFFFFF
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.binary(min_size=1, max_size=5).map(lambda b: bytes(c % 3 + 97 for c in b))),
+                max_size=40), st.sets(st.sampled_from(b"abc")))
+def test_slices_are_the_tokens_inside_a_byte_set_and_where_tokens_leave_it(token_bytes, inside) -> None:
+    """A slice's words are the tokens made of the set's bytes only; its exits, the nodes whose byte
+    leaves the set first on their path (checked against the prefixes in byte order)."""
+    trie = _core.PackedTrie(token_bytes)
+    flags = np.zeros(256, bool)
+    flags[list(inside)] = True
+    paths = prefixes(token_bytes)
+    exits = [i + 1 for i, path in enumerate(paths) if path[-1] not in inside and all(c in inside for c in path[:-1])]
+    tokens = [i for i, t in enumerate(token_bytes) if t and all(c in inside for c in t)]
+    table = Table()
+    table.rows[1] = 0
+    table.rows[1, list(inside)] = 1  # state 1 loops on the set, every other byte is dead
+    table.row_done[:] = True
+    got = trie.mask(table, 1, trie.slice(flags))
+    assert trie.slice(flags).exit_count == len(exits)
+    assert np.nonzero(np.unpackbits(got.view(np.uint8), bitorder="little"))[0].tolist() == tokens
+    assert np.array_equal(got, trie.mask(table, 1))
+    table.rows[1, ~flags] = 2  # leaving the set: to state 2, which takes anything (walked below the exits)
+    table.rows[2] = 2
+    everything = trie.mask(table, 1, trie.slice(flags))
+    assert np.array_equal(everything, trie.mask(table, 1))
+    assert np.nonzero(np.unpackbits(everything.view(np.uint8), bitorder="little"))[0].tolist() == [
+        i for i, t in enumerate(token_bytes) if t]
+
+
 def test_packed_trie_refuses_what_a_node_cannot_hold() -> None:
     with pytest.raises(ValueError, match="token 1 has 256 bytes"):
         _core.PackedTrie([b"a", b"x" * 256])
