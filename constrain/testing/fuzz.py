@@ -516,7 +516,7 @@ def _walk(case: FuzzCase, compiled: constrain.CompiledGrammar, accepts: Callable
     try:
         valid = accepts(doc)
     except NoOracle as exc:  # this document (a huge exponent) or every one (jsonschema raising)
-        failures.append(Failure("no_oracle", case, f"{doc!r}: {exc}"[:500], tokens))
+        failures.append(Failure("no_oracle", case, f"{exc}: {doc!r}"[:500], tokens))  # the reason first
         return
     if not valid:
         failures.append(Failure("unsound", case, f"finished document {doc!r} is refused by the oracle", tokens))
