@@ -2,8 +2,9 @@
 GPU state table (``GraphStep`` over ``GraphRunner``).
 
 - Forward: rows that append one token (the steady state) replay the captured one-token step;
-  a step where some row appends forced text runs the static decoder once over all appended
-  tokens (several per row, eager); new prompts are prefilled by the eager ragged forward.
+  a step where some row appends forced text, and a speculative step (pending + draft), replay
+  the several-tokens-per-row pass of the static decoder (``GraphRunner.verify_forward``, eager
+  past its widest bucket); new prompts are prefilled by the eager ragged forward.
 - Constraint: each constrained row's state lives on the GPU (``StateCache`` over a
   ``kernels.StateTable``). The captured sample gathers each row's mask by its state, samples and
   advances the state on the GPU. The host reads back (token, state, miss) once per step; the
@@ -107,16 +108,14 @@ class GraphStep:
         return verify_drafts(logits, batch, masks)
 
     def _forward_forced(self, old: list[Row]) -> None:
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        last: list[int] = []
-        for i, s in enumerate(old):
-            ids += s.pending
-            pos += range(s.length, s.length + len(s.pending))
-            slots += [i] * len(s.pending)
-            last.append(len(ids) - 1)
-        self.runner.forward_tokens(ids, pos, slots, last, self.runner.length_bucket(max(pos) + 1))
+        """Rows appending several tokens (forced text): one pass of the verification graphs,
+        each row's logits after its last token into the step buffers."""
+        run = self.runner
+        logits = run.verify_forward([s.pending for s in old], [s.length for s in old])
+        last = torch.as_tensor([len(s.pending) - 1 for s in old], device=run.device)
+        n = len(old)
+        run.logits[:n] = logits[torch.arange(n, device=run.device), last]
+        run.pos[:n] = torch.as_tensor([s.length + len(s.pending) - 1 for s in old], device=run.device)
 
     def _prefill(self, new: list[Row], lo: int) -> None:
         run = self.runner

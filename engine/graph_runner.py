@@ -133,20 +133,9 @@ class GraphRunner:
         self._run(("fwd", rows, length), lambda: self._forward(rows, length))
 
     @torch.inference_mode()
-    def forward_tokens(self, ids: list[int], pos: list[int], slots: list[int], last: list[int],
-                       length: int) -> None:
-        """Several tokens per row in one eager pass (forced text): token j goes to slot
-        ``slots[j]`` at column ``pos[j]``; row i's logits are those of token ``last[i]``."""
-        dev = self.device
-        logits = self.tokens_logits(ids, pos, slots, length)
-        rows = len(last)
-        self.logits[:rows].copy_(logits[torch.as_tensor(last, device=dev)])
-        self.pos[:rows] = torch.as_tensor([pos[j] for j in last], device=dev)
-
-    @torch.inference_mode()
     def tokens_logits(self, ids: list[int], pos: list[int], slots: list[int], length: int) -> torch.Tensor:
         """Logits (len(ids), V) of every token of a several-tokens-per-row eager pass (token j to
-        slot ``slots[j]`` at column ``pos[j]``): forced text, and speculative verification."""
+        slot ``slots[j]`` at column ``pos[j]``): rows wider than ``verify_forward``'s graphs."""
         dev = self.device
         return self.decoder.step(torch.as_tensor(ids, device=dev), torch.as_tensor(pos, device=dev), length,
                                  torch.as_tensor(slots, device=dev))
