@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -780,34 +780,8 @@ class ExprTable:
         got = self._min.get(e)
         if got is not None:
             return got
-        with self.lock:
-            self._descend()
-            try:
-                k, a = self._kind[e], self._args[e]
-                if k in (K_AND, K_NOT):  # exact by search; everything around them by structure
-                    out = self._search_min(e)
-                elif k == K_BYTES:
-                    out = 1
-                elif k == K_EMPTY:
-                    out = 0
-                elif k == K_SEQ:
-                    out = sum([self.min_completion(m) for m in self.spine(e)])
-                elif k == K_ALT:
-                    out = min([self.min_completion(m) for m in a[0]])
-                elif k == K_REPEAT:
-                    out = 0 if a[1] == 0 else a[1] * self.min_completion(a[0])
-                elif k == K_REF:
-                    out = self._rule_min.get(self._rule_names[a[0]], INFINITE)
-                elif k == K_UNORDERED:
-                    out = self._unordered_min(*a)
-                elif k == K_FRAME:
-                    out = self.min_completion(a[0])
-                else:
-                    out = INFINITE
-            finally:
-                self._level -= 1
-            self._min[e] = out
-            return out
+        with self.lock:  # exact by search at intersections and complements
+            return self._structural_min(e, self._min, self.min_completion, self._search_min)
 
     def _search_min(self, e: int) -> float:
         """Best-first (A*) search for the nearest accepting derivative (intersections,
@@ -847,34 +821,45 @@ class ExprTable:
         got = self._bound.get(e)
         if got is not None:
             return got
+        return self._structural_min(e, self._bound, self._min_bound, self._boolean_bound)
+
+    def _boolean_bound(self, e: int) -> float:
+        """``_min_bound`` of an intersection or complement."""
+        if self._kind[e] == K_AND:
+            return max([self._min_bound(m) for m in self._args[e][0]])
+        return 0
+
+    def _structural_min(self, e: int, cache: dict[int, float], recurse: Callable[[int], float],
+                        boolean: Callable[[int], float]) -> float:
+        """The shortest completion of ``e`` by its structure, with ``recurse`` for its parts and
+        ``boolean`` for an intersection or complement (where structure alone cannot tell), cached
+        in ``cache``: one recursion for the exact length and for its lower bound."""
         self._descend()
         try:
             k, a = self._kind[e], self._args[e]
-            if k == K_AND:
-                out = max([self._min_bound(m) for m in a[0]])
-            elif k == K_NOT:
-                out = 0
+            if k in (K_AND, K_NOT):
+                out = boolean(e)
             elif k == K_BYTES:
                 out = 1
             elif k == K_EMPTY:
                 out = 0
             elif k == K_SEQ:
-                out = sum([self._min_bound(m) for m in self.spine(e)])
+                out = sum([recurse(m) for m in self.spine(e)])
             elif k == K_ALT:
-                out = min([self._min_bound(m) for m in a[0]])
+                out = min([recurse(m) for m in a[0]])
             elif k == K_REPEAT:
-                out = 0 if a[1] == 0 else a[1] * self._min_bound(a[0])
+                out = 0 if a[1] == 0 else a[1] * recurse(a[0])
             elif k == K_REF:
                 out = self._rule_min.get(self._rule_names[a[0]], INFINITE)
             elif k == K_UNORDERED:
                 out = self._unordered_min(*a)
             elif k == K_FRAME:
-                out = self._min_bound(a[0])
+                out = recurse(a[0])
             else:
                 out = INFINITE
         finally:
             self._level -= 1
-        self._bound[e] = out
+        cache[e] = out
         return out
 
     def is_live(self, e: int) -> bool:

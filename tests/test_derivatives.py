@@ -96,6 +96,35 @@ def test_transition_rows_agree_with_derivatives_and_liveness(node: ir.Node) -> N
             assert not any(s[:1] == bytes([b]) for s in lang)
 
 
+def has_complement(node: ir.Node) -> bool:
+    if isinstance(node, (ir.Not, ir.Repeat)):
+        return isinstance(node, ir.Not) or has_complement(node.item)
+    return any(has_complement(c) for c in getattr(node, "items", ()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(expressions)
+def test_shortest_completions_and_their_bounds_agree_with_set_semantics(node: ir.Node) -> None:
+    """``min_completion`` is the shortest member's length and ``_min_bound`` never exceeds it.
+
+    A complement also holds strings of other bytes than ``ALPHABET``, which may be shorter, so
+    there it is only checked to be no longer than the shortest string seen."""
+    from constrain.derivatives import INFINITE
+
+    table = ExprTable(ir.Grammar.of(node))
+    lang = language(node)
+    bound, exact = table._min_bound(table.start), table.min_completion(table.start)
+    assert bound <= exact, node
+    if lang:
+        shortest = min(len(s) for s in lang)
+        if has_complement(node):
+            assert exact <= shortest, node
+        else:
+            assert exact == shortest, node
+    elif exact < INFINITE:
+        assert exact > MAX_LEN or has_complement(node), node
+
+
 def test_recursive_rules_expand_lazily_to_any_depth() -> None:
     g = ir.Grammar({"start": ir.alt(ir.literal("x"), ir.seq(ir.literal("["), ir.ref("start"), ir.literal("]")))})
     assert matches(g, b"[" * 3000 + b"x" + b"]" * 3000)
