@@ -423,7 +423,8 @@ class ExprTable:
         """A superset of the bytes ``e`` can start with (a bitmask), without taking derivatives.
 
         Cheap where a transition row would not be: an Unordered state's row expands and derives
-        every member that may come next."""
+        every member that may come next. A union's derivative skips the members whose first
+        bytes lack the byte, so this may include bytes that lead nowhere but never miss one."""
         got = self._first.get(e)
         if got is not None:
             return got
@@ -707,8 +708,10 @@ class ExprTable:
                     return self._mk_alt(parts)
             parts.append(self._d(e, b))
             return self._mk_alt(parts)
-        if k == K_ALT:
-            return self._mk_alt([self._d(m, b) for m in a[0]])
+        if k == K_ALT:  # members that cannot start with ``b`` derive to NOTHING: skipped
+            first = self._first
+            return self._mk_alt([self._d(m, b) for m in a[0]
+                                 if (first[m] if m in first else self.first_bytes(m)) >> b & 1])
         if k == K_AND:
             return self._mk_and([self._d(m, b) for m in a[0]])
         if k == K_NOT:
