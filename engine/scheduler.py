@@ -361,9 +361,10 @@ class Scheduler:
                     if not queue:
                         break
                 x, kind = queue.pop(0)
+                if not 0 <= x < self.vocab.vocab_size:
+                    break  # never forwarded, masked or not: the model has no such token
                 if m is not None:
-                    ok = 0 <= x < self.vocab.vocab_size and bool((int(masks[base + j, x >> 5]) >> (x & 31)) & 1)
-                    if not ok:
+                    if not (int(masks[base + j, x >> 5]) >> (x & 31)) & 1:
                         if not cfg.mask_drafts:  # unmasked drafts: verification rejects it
                             draft.append(x)
                             kinds.append(kind)

@@ -12,8 +12,9 @@ plain masked sampling (greedy: a draft is accepted iff it is the masked argmax).
 The scheduler walks each row's matcher along its draft, filling one mask per position (the
 budget-aware close included), cuts the draft at the first token the mask forbids (so drafts
 always respect the constraint), and rolls the matcher back. The step backend forwards pending +
-draft in one ragged pass; ``verify`` masks every position and runs ``kernels.verify_draft``
-(its torch twin on CPU). Rejected positions are simply not counted in the row's length, so the
+draft in one ragged pass; ``verify`` masks every position, verifies greedy rows by one masked
+argmax over the whole batch (``kernels.masked_argmax``: accepted iff the draft is the argmax)
+and sampled rows by ``kernels.verify_draft`` (torch twins on CPU). Rejected positions are simply not counted in the row's length, so the
 next forward overwrites their KV entries.
 """
 
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 from constrain.engine.sampler import SamplingParams, sample, step_seed
-from constrain.kernels import apply_token_bitmask_inplace, verify_draft
+from constrain.kernels import apply_token_bitmask_inplace, masked_argmax, verify_draft
 
 if TYPE_CHECKING:
     from constrain.engine.scheduler import Row, Scheduler
@@ -68,8 +69,10 @@ class LookupDrafter:
     ``max_ngram`` tokens) of the sequence, in the prompt or the output (extraction copies spans
     of its input). Where no token n-gram recurs, the same on the text: a span copied from prose
     into JSON starts with other tokens (``"John`` against `` John``) but continues with the
-    same text, so the bytes that followed the output's last ``TEXT_SUFFIXES`` bytes earlier are
-    tokenized canonically as the draft."""
+    same text, so what followed the output's last ``TEXT_SUFFIXES`` bytes earlier is the draft:
+    the sequence's own tokens from there where one of them begins at that byte (no tokenizer
+    call: one cost more host time than the rest of a row's draft), else the bytes tokenized
+    canonically."""
 
     adaptive = True
     TEXT_SUFFIXES = (32, 16, 8, 4)  # suffix lengths in bytes, tried longest first
@@ -94,6 +97,9 @@ class LookupDrafter:
             if len(seq) > n:
                 at = seq.rfind(seq[-n:], 0, len(seq) - 1)
                 if at >= 0:
+                    start = index.starts.get(at + n)
+                    if start is not None:
+                        return index.seq[start:start + k]
                     cont = seq[at + n: at + n + 8 * k].decode("utf-8", "ignore")
                     return scheduler.encode(cont)[:k] if cont else []
         return []
@@ -158,6 +164,7 @@ class NgramIndex:
         self.seq: list[int] = []
         self._indexed = 0  # n-grams ending at positions < this are indexed
         self.text = bytearray()  # the bytes of seq[:_spelled] (``text_upto``)
+        self.starts: dict[int, int] = {}  # byte offset in text -> the first token spelled from there
         self._spelled = 0
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -169,18 +176,23 @@ class NgramIndex:
         self._indexed = max(self._indexed, len(seq))
 
     def text_upto(self, token_bytes: Sequence[bytes | None]) -> None:
-        """Bring ``text`` up to the whole sequence (special tokens spell nothing)."""
-        for t in self.seq[self._spelled:]:
-            self.text += (token_bytes[t] or b"") if t < len(token_bytes) else b""
+        """Bring ``text`` and ``starts`` up to the whole sequence (special tokens spell nothing)."""
+        for i in range(self._spelled, len(self.seq)):
+            t = self.seq[i]
+            spelled = (token_bytes[t] or b"") if t < len(token_bytes) else b""
+            if spelled:
+                self.starts[len(self.text)] = i
+                self.text += spelled
         self._spelled = len(self.seq)
 
     def lookup(self, tail: Sequence[int], k: int) -> list[int]:
         """Up to ``k`` tokens that followed the longest suffix of ``seq + tail`` seen earlier."""
-        full = self.seq + list(tail) if tail else self.seq
-        for n in range(min(self.max_n, len(full)), 0, -1):
-            e = self.ends.get(tuple(full[len(full) - n:]))
-            if e is not None:
-                return full[e:e + k]
+        seq = self.seq
+        last = seq[max(len(seq) - self.max_n, 0):] + list(tail)  # the suffixes' tokens (no copy of seq)
+        for n in range(min(self.max_n, len(last)), 0, -1):
+            e = self.ends.get(tuple(last[len(last) - n:]))
+            if e is not None:  # e < len(seq): the continuation starts in seq, may run into tail
+                return seq[e:e + k] + list(tail[: max(e + k - len(seq), 0)])
         return []
 
 
@@ -227,10 +239,13 @@ def verify(
         apply_token_bitmask_inplace(flat, masks, rows)
         masks = masks.view(b, k1, -1)
     out: list[list[int]] = [[] for _ in range(b)]
+    greedy = [r for r, d in enumerate(drafts) if d and params[r].temperature <= 0]
     groups: dict[int, list[int]] = {}
     for r, draft in enumerate(drafts):
-        groups.setdefault(len(draft), []).append(r)
-    verified: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
+        if not (draft and params[r].temperature <= 0):
+            groups.setdefault(len(draft), []).append(r)
+    read: list[torch.Tensor] = [masked_argmax(logits[torch.as_tensor(greedy, device=dev)])] if greedy else []
+    verified: list[tuple[list[int], torch.Tensor]] = []
     for d, rows_d in groups.items():
         idx = torch.as_tensor(rows_d, device=dev)
         if d == 0:  # exactly a plain step's draw (its mask, filters and seed)
@@ -249,13 +264,20 @@ def verify(
         temp = torch.as_tensor([params[r].temperature for r in rows_d], dtype=torch.float32, device=dev)
         seed = torch.as_tensor([step_seed(seeds[r], draws[r]) for r in rows_d], dtype=torch.int64, device=dev)
         toks_t, n_out, _, flags = verify_draft(tgt, one_hot, dtok, None, None, temperature=temp, seeds=seed)
-        verified.append((rows_d, torch.nn.functional.pad(toks_t, (0, k1 - d - 1), value=-1),
-                         torch.stack([n_out.long(), flags.long()], 1)))
-    if verified:  # one host read for every group
-        toks_l = torch.cat([t for _, t, _ in verified]).tolist()
-        meta = torch.cat([m for _, _, m in verified]).tolist()
-        for r, toks_r, (n, flag) in zip((r for rows_d, _, _ in verified for r in rows_d), toks_l, meta):
-            out[r] = toks_r[:n] + [-1] if flag == 2 else toks_r[:n]
+        verified.append((rows_d, torch.stack([n_out.long(), flags.long()], 1)))
+        read.append(torch.nn.functional.pad(toks_t, (0, k1 - d - 1), value=-1))
+    if not read:
+        return out
+    toks_l = torch.cat(read).tolist()  # one host read for the greedy rows and every group
+    meta = torch.cat([m for _, m in verified]).tolist() if verified else []
+    for r, toks_r in zip(greedy, toks_l):
+        n = 0  # draft tokens equal to the masked argmax at their position: accepted
+        while n < len(drafts[r]) and toks_r[n] == drafts[r][n]:
+            n += 1
+        out[r] = toks_r[: n + 1]  # then the argmax where they differ, or the bonus (-1: all masked)
+    sampled = (r for rows_d, _ in verified for r in rows_d)
+    for r, toks_r, (n, flag) in zip(sampled, toks_l[len(greedy):], meta):
+        out[r] = toks_r[:n] + [-1] if flag == 2 else toks_r[:n]
     return out
 
 

@@ -7,7 +7,7 @@ was set before import (CI), in which case the Triton kernels run in the interpre
 from ._common import HAS_TRITON, INTERPRET, use_triton
 from .apply_bitmask import apply_token_bitmask_inplace, apply_token_bitmask_inplace_ref, unpack_bitmask
 from .sampling import sample, sample_ref
-from .speculative import verify_draft, verify_draft_ref
+from .speculative import masked_argmax, verify_draft, verify_draft_ref
 from .state_table import StateTable, advance_ref
 
 
@@ -37,6 +37,7 @@ __all__ = [
     "apply_token_bitmask_inplace",
     "apply_token_bitmask_inplace_ref",
     "constrained_step",
+    "masked_argmax",
     "sample",
     "sample_ref",
     "unpack_bitmask",

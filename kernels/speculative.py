@@ -124,6 +124,20 @@ def verify_draft_ref(
     return out, n_out, chain, flags
 
 
+def masked_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy verification of every position of every row at once: ``logits`` (R, K+1, V) with
+    the masks applied -> (R, K+1) int64, each position's argmax, -1 where nothing is allowed, by
+    the samplers' greedy rule (NaN as masked, +inf as the largest float, the first maximum).
+
+    A deterministic greedy draft is accepted up to the first position where it differs from
+    this, which then emits it (the bonus after a full match): what `verify_draft` computes for
+    greedy rows, but as one parallel reduction over the batch instead of one sequential program
+    per row (a walk of the vocabulary per position) and one launch per draft length."""
+    x = torch.nan_to_num(logits.float(), nan=float("-inf"), posinf=FLT_MAX, neginf=float("-inf"))
+    best = x.argmax(-1)
+    return torch.where(x.amax(-1) == float("-inf"), torch.full_like(best, -1), best)
+
+
 def _draw_ref(weights: torch.Tensor, gumbel: torch.Tensor) -> torch.Tensor:
     score = torch.where(weights > 0, torch.log2(weights) + gumbel, torch.full_like(weights, float("-inf")))
     return score.argmax()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,8 +33,9 @@ from constrain.engine.model import LoadedModel
 from constrain.engine.runner import EagerStep, ModelRunner
 from constrain.engine.sampler import SamplingParams
 from constrain.engine.scheduler import Row, Scheduler
-from constrain.engine.speculative import NgramIndex, SpeculativeConfig, choose_draft_length
+from constrain.engine.speculative import NgramIndex, SpeculativeConfig, choose_draft_length, verify
 from constrain.engine.types import GenerationRequest
+from constrain.kernels import verify_draft_ref
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -261,21 +263,30 @@ def test_sampled_speculation_follows_masked_sampling() -> None:
 
 
 # -- fuzz: random drafts, verified by the model, against a matcher replayed from scratch --------
+Twist = Callable[[list[int], Row], list[int]]
+
+
 class ScriptedDrafter:
-    """Proposes the known plain output from the row's position on, with random corruptions, a
-    stop token, or tokens past the end of the document: every accept/reject pattern happens."""
+    """Proposes the known plain output from the row's position on (``reference``: prompt ->
+    output), changed by ``twist`` (the rest of the output, the row -> the draft)."""
 
     adaptive = False
 
-    def __init__(self, reference: dict[tuple[int, ...], list[int]], rng: random.Random, corrupt: float) -> None:
-        self.reference, self.rng, self.corrupt = reference, rng, corrupt
+    def __init__(self, reference: dict[tuple[int, ...], list[int]], twist: Twist) -> None:
+        self.reference, self.twist = reference, twist
 
     def propose(self, row: Row, tail: list[int], k: int, scheduler: Scheduler) -> list[int]:
         ref = self.reference.get(tuple(row.request.prompt_ids), [])
-        at = len(row.generated) + len(tail)
-        out = ref[at:at + k] + [EOS] + [self.rng.randrange(BYTES.vocab_size) for _ in range(k)]
-        return [t if self.rng.random() >= self.corrupt else self.rng.choice([EOS, 34, 125, 48, 97])
-                for t in out[:k]]
+        return self.twist(ref[len(row.generated) + len(tail):], row)[:k]
+
+
+def _corrupting(rng: random.Random, corrupt: float) -> Twist:
+    """The fuzz's drafts: the output with random corruptions, then a stop token and random
+    tokens past the end of the document: every accept/reject pattern happens."""
+    def twist(rest: list[int], row: Row) -> list[int]:
+        out = rest[:8] + [EOS] + [rng.randrange(BYTES.vocab_size) for _ in range(8)]
+        return [t if rng.random() >= corrupt else rng.choice([EOS, 34, 125, 48, 97]) for t in out]
+    return twist
 
 
 class _Raising:
@@ -292,6 +303,34 @@ class _Raising:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+def _run_checked(sched: Scheduler, reqs: list[GenerationRequest], want: list[Any]) -> list[Any]:
+    """Run ``reqs`` to the end, checking after every step that each row's matcher is where a
+    matcher replayed over its tokens is, and its KV length counts its tokens; then greedy
+    results equal ``want`` (plain decoding's), budgets hold, complete outputs validate."""
+    ids = [sched.add(q) for q in reqs]
+    results: dict[int, Any] = {}
+    for _ in range(sum(q.max_tokens for q in reqs) + len(reqs)):  # a stuck scheduler fails here
+        if len(results) == len(reqs):
+            break
+        results.update(sched.step())
+        for s in sched.running:
+            if s.request.grammar is None or isinstance(s.matcher, _Raising):
+                continue
+            replay = s.request.grammar.matcher()
+            assert all(replay.accept_token(t) for t in s.generated)
+            assert replay.state == s.matcher.state
+            assert s.length + len(s.pending) == len(s.request.prompt_ids) + len(s.generated)
+    got = [results[i] for i in ids]
+    for q, w, g in zip(reqs, want, got):
+        if q.sampling.temperature == 0:
+            assert (g.token_ids, g.finish_reason) == (w.token_ids, w.finish_reason)
+        assert len(g.token_ids) <= q.max_tokens
+        if q.grammar is not None and g.finish_reason == "stop":
+            m = q.grammar.matcher()
+            assert all(m.accept_token(t) for t in g.token_ids) and m.accept_token(EOS)
+    return got
 
 
 @functools.lru_cache(maxsize=1)
@@ -321,34 +360,153 @@ def test_rollback_fuzz_states_agree_with_replay(seed: int, corrupt: float, maske
     if broken:  # its own fresh matcher, raising mid-way: only its request fails
         g = grammars[0]
         reqs.append(GenerationRequest(list(b"x: "), g, max_tokens=30, matcher=_Raising(g.matcher(), 4)))
-    cfg = SpeculativeConfig(drafters=(ScriptedDrafter(reference, r, corrupt),), max_draft=max_draft,
+    cfg = SpeculativeConfig(drafters=(ScriptedDrafter(reference, _corrupting(r, corrupt)),), max_draft=max_draft,
                             mask_drafts=masked)
-    sched = _byte_scheduler(model, 3, cfg)
-    ids = [sched.add(q) for q in reqs]
-    results: dict[int, Any] = {}
-    while len(results) < len(reqs):
-        results.update(sched.step())
-        for s in sched.running:
-            if s.request.grammar is None or isinstance(s.matcher, _Raising):
-                continue
-            replay = s.request.grammar.matcher()
-            assert all(replay.accept_token(t) for t in s.generated)
-            assert replay.state == s.matcher.state
-            assert s.length + len(s.pending) == len(s.request.prompt_ids) + len(s.generated)
-    got = [results[i] for i in ids]
-    for q, w, g in zip(reqs, want, got):
-        if q.sampling.temperature == 0:
-            assert (g.token_ids, g.finish_reason) == (w.token_ids, w.finish_reason)
-        assert len(g.token_ids) <= q.max_tokens
-        if q.grammar is not None and g.finish_reason == "stop":
-            m = q.grammar.matcher()
-            assert all(m.accept_token(t) for t in g.token_ids) and m.accept_token(EOS)
+    got = _run_checked(_byte_scheduler(model, 3, cfg), reqs, want)
     if broken:
         assert got[-1].finish_reason == "error" and "broken matcher" in got[-1].error
     assert all(g.finish_reason != "error" for g in got[: len(want)])
 
 
+# -- the anchor bugs' situations (issue 14): each against plain decoding and a replayed matcher ----
+PADDED = Vocabulary.from_token_bytes([bytes([b]) for b in range(256)] + [None], eos_token_ids=[EOS], vocab_size=320)
+
+
+@functools.lru_cache(maxsize=2)
+def _anchor_model(vocab_size: int) -> Any:
+    return _tiny_llama(vocab_size, seed=4, init=1.0)
+
+
+def _anchor_run(twist: Twist, constraints: list[Any], masked: bool = True, vocab: Vocabulary = BYTES,
+                stops: frozenset[int] = frozenset([EOS]), max_tokens: int = 24) -> tuple[list[Any], list[Any]]:
+    """Each constraint (None: unconstrained) greedy and sampled, plain then with ``twist``'s
+    drafts, through ``_run_checked``; (requests, speculative results)."""
+    model = _anchor_model(vocab.vocab_size)
+    reqs = [GenerationRequest(list(f"{i}: ".encode()), None if c is None else c.compile(vocab),
+                              SamplingParams(temp, seed=i), max_tokens, stop_token_ids=stops)
+            for i, (c, temp) in enumerate((c, t) for c in constraints for t in (0.0, 1.0))]
+
+    def scheduler(spec: Any) -> Scheduler:
+        return Scheduler(EagerStep(ModelRunner(model, 3, 64), vocab.vocab_size), vocab,
+                         lambda text: list(text.encode()), speculative=spec)
+
+    want = run_requests(scheduler(None), reqs)
+    reference = {tuple(q.prompt_ids): w.token_ids for q, w in zip(reqs, want)}
+    cfg = SpeculativeConfig(drafters=(ScriptedDrafter(reference, twist),), max_draft=6, mask_drafts=masked)
+    return reqs, _run_checked(scheduler(cfg), reqs, want)
+
+
+JSON_OBJECT = Constraint.from_args({"type": "object"}, json_options={"property_order": "any",
+                                                                    "strict_properties": False})
+PERSON = Constraint.from_args(PERSON_SCHEMA)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_drafts_past_the_end_of_a_json_object(masked: bool) -> None:
+    """vLLM #27969 (EAGLE-3 with json_object): the drafter goes on after the document is complete
+    (more JSON where only the stop token may follow)."""
+    reqs, got = _anchor_run(lambda rest, row: rest + list(b'},{"a":1}]') + [EOS], [JSON_OBJECT, PERSON], masked)
+    done = [g for g in got if g.finish_reason == "stop"]
+    assert len(done) >= 2 and all(isinstance(json.loads(g.text), dict) for g in done)
+    assert sum(g.accepted_draft_tokens for g in got) > 0
+    assert sum(g.draft_tokens - g.accepted_draft_tokens for g in got) > 0  # the past-the-end drafts
+
+
+def test_stop_token_inside_a_draft_window() -> None:
+    """vLLM #44297 (an end marker inside a draft window): stop tokens (EOS, and a newline as a
+    request's own stop id) in the middle of drafts, constrained and unconstrained: the row ends
+    at the stop, with nothing after it, as plain decoding does."""
+    stops = frozenset([EOS, 10])
+    reqs, got = _anchor_run(lambda rest, row: rest[:2] + [10, EOS] + rest[2:], [None, PERSON, JSON_OBJECT],
+                            stops=stops)
+    for q, g in zip(reqs, got):
+        if q.grammar is None:
+            assert not set(g.token_ids) & stops
+    assert sum(g.draft_tokens for g in got) > 0
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_padded_vocabulary_with_drafts(masked: bool) -> None:
+    """vLLM #50924 (bitmask width off by one with a drafter): the model's logits are wider than
+    the tokenizer (257 tokens, 320 logits); drafts carry padding ids and ids past the logits.
+    Constrained rows never emit a padding id, no row forwards an id the model lacks."""
+    reqs, got = _anchor_run(lambda rest, row: rest[:1] + [300, 319, 320, 5000, -1] + rest[1:],
+                            [None, PERSON, JSON_OBJECT], masked, vocab=PADDED)
+    for q, g in zip(reqs, got):
+        assert all(0 <= t < 320 for t in g.token_ids)
+        if q.grammar is not None:
+            assert all(t < 256 for t in g.token_ids)
+    assert all(g.finish_reason != "error" for g in got)
+
+
+def test_no_stuck_or_crashed_batch_with_structured_output() -> None:
+    """SGLang #9187 / #24283 (stuck or crashing with EAGLE and structured output): budgets of one
+    and two tokens, output the grammar forces whole, a drafter that raises on one request (that
+    request alone ends with an error), mixed with unconstrained rows; every request finishes in a
+    bounded number of steps (``_run_checked``)."""
+    def twist(rest: list[int], row: Row) -> list[int]:
+        if row.request.prompt_ids[0] == ord("5"):  # the sampled PERSON row
+            raise RuntimeError("drafter bug")
+        return rest
+    forced = Constraint.from_args(choices=["yes"])
+    for budget in (1, 2, 24):
+        reqs, got = _anchor_run(twist, [forced, None, PERSON, Constraint.from_args(regex="a{3}")],
+                                max_tokens=budget)
+        assert all(g.finish_reason != "error" for i, g in enumerate(got) if i != 5)
+        if budget > 2:  # room for a draft (the last token of a budget is never drafted)
+            assert got[5].finish_reason == "error" and "drafter bug" in got[5].error
+            assert got[0].text == "yes" and got[6].text == "aaa"
+
+
+def test_drafts_outside_the_grammar_are_never_emitted() -> None:
+    """TensorRT-LLM #18892 (drafts emitting tokens outside the grammar): unmasked drafts of
+    forbidden tokens only are all rejected, greedy and sampled; masked, they are cut unproposed."""
+    digits = Constraint.from_args(regex="[0-9]{1,8}")
+    for masked in (False, True):
+        _, got = _anchor_run(lambda rest, row: list(b"\x01\x02" * 3), [digits, PERSON], masked)  # never JSON
+        assert all(g.accepted_draft_tokens == 0 for g in got)
+        assert (sum(g.draft_tokens for g in got) > 0) != masked
+
+
 # -- the pieces ---------------------------------------------------------------------------------
+@given(seed=st.integers(0, 10_000))
+def test_greedy_verify_is_the_kernels_greedy_verify(seed: int) -> None:
+    """Greedy rows are verified by one batched masked argmax, sampled ones by ``verify_draft``:
+    the greedy tokens must be the kernel twin's, on logits made to break a careless argmax (ties,
+    NaN, +inf, masks that allow one token or none), drafts that follow the argmax for a while."""
+    g = torch.Generator().manual_seed(seed)
+    b, k1, v, words = 6, 5, 70, 3
+    logits = torch.randint(-2, 3, (b, k1, v), generator=g).float()  # many ties
+    logits[torch.rand(b, k1, v, generator=g) < 0.05] = float("nan")
+    logits[torch.rand(b, k1, v, generator=g) < 0.02] = float("inf")
+    masks = torch.randint(-(1 << 31), 1 << 31, (b, k1, words), generator=g, dtype=torch.int64).to(torch.int32)
+    masks[torch.rand(b, k1, generator=g) < 0.1] = 0  # nothing allowed
+    one = torch.rand(b, k1, generator=g) < 0.2
+    masks[one] = 0
+    masks[..., 0][one] = 1 << 5  # token 5 only
+    masked = logits.clone()
+    for r in range(b):
+        for j in range(k1):
+            bits = torch.tensor([(int(masks[r, j, t >> 5]) >> (t & 31)) & 1 for t in range(v)], dtype=torch.bool)
+            masked[r, j, ~bits] = float("-inf")
+    x = torch.nan_to_num(masked, nan=float("-inf"), posinf=3.4e38, neginf=float("-inf"))
+    drafts = []
+    for r in range(b):
+        n = int(torch.randint(1, k1, (1,), generator=g))
+        follow = int(torch.randint(0, n + 1, (1,), generator=g))  # positions that copy the argmax
+        drafts.append([int(x[r, j].argmax()) if j < follow else int(torch.randint(0, v, (1,), generator=g))
+                       for j in range(n)])
+    got = verify(logits.clone(), drafts, masks, list(range(b)), [SamplingParams()] * b, [0] * b, [0] * b)
+    for r in range(b):
+        d = len(drafts[r])
+        tgt = masked[r:r + 1, : d + 1]
+        dtok = torch.tensor([drafts[r]])
+        one_hot = torch.full((1, d, v), float("-inf")).scatter_(2, dtok.unsqueeze(-1), 0.0)
+        toks, n_out, _, flags = verify_draft_ref(tgt, one_hot, dtok, None, None, temperature=torch.zeros(1))
+        want = toks[0, : int(n_out[0])].tolist() + ([-1] if int(flags[0]) == 2 else [])
+        assert got[r] == want, (r, drafts[r])
+
+
 @given(seq=st.lists(st.integers(0, 3), max_size=30), tail=st.lists(st.integers(0, 3), max_size=3),
        k=st.integers(1, 5))
 def test_ngram_lookup_finds_the_latest_longest_earlier_match(seq: list[int], tail: list[int], k: int) -> None:
