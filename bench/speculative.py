@@ -10,22 +10,14 @@ whatever its acceptance rate (the default adapts it per row). At batch b the ite
 of b requests (one ``Engine.run`` each), so the batch is b at the start of each group and shrinks
 as rows finish.
 
-Every configuration starts from the same cold state, as a user with new schemas would: the
-compiler's caches cleared (compiled grammars with their per-state masks and transitions, the
-vocabulary's trie, shared walks) and a fresh ``Engine`` over the one loaded model (a new KV
-cache, GPU state table and CUDA graphs). The warm-up then runs held-out items (graphs captured,
-kernels compiled, the trie built), so each configuration pays its own grammar compiles and first
-visits of states on the measured items. (Before, the baseline ran first on one engine and paid
-every compile and first visit for the configurations after it.)
-
-Columns: tokens/s (emitted tokens over wall time, forced text included), speedup over the
-baseline at the same batch, mean accepted length (tokens emitted per decode step of a request:
-1.0 plus forced text for the baseline), draft tokens proposed per request and the share the
-target accepted, outputs token-identical to the baseline's (greedy speculation is exact up to
-the numerics of a several-token forward against a one-token one), and schema-valid outputs.
-
-    python3 -m bench.speculative --smoke                                  # CPU, tiny (a check)
-    python3 -m bench.speculative --device cuda --model SmolLM2-135M-Instruct.Q4_1.gguf   # H200
+Every configuration starts from the same constraint state, as a user with new schemas would
+meet it: the compiler's caches cleared (compiled grammars with their per-state masks and
+transitions, shared walks; the vocabulary's trie then rebuilt by compiling a held-out schema)
+and, on the graph backend, a fresh GPU state table. What is not about constraints stays warm
+and shared, as in a serving process: the loaded model, the KV cache, and the CUDA graphs, which
+the warm-up captures by running every configuration once on held-out items before any is timed
+(capturing one inside a timed run costs more than many steps). Before, the baseline ran first
+and paid every grammar compile and first visit of a state for the configurations after it.
 """
 
 from __future__ import annotations
@@ -78,22 +70,23 @@ def run_groups(engine: Any, items: Sequence[Item], batch: int, max_tokens: int, 
     return results, time.perf_counter() - t0
 
 
-def cold_engine(loaded: Any, name: str, args: argparse.Namespace, batch: int) -> Any:
-    """A fresh ``Engine`` for one configuration over the shared loaded model, with every cache a
-    configuration could inherit from the one before dropped (see the module docstring)."""
+def cold_start(engine: Any, name: str, args: argparse.Namespace, held_out: Item) -> None:
+    """Drop every constraint cache a configuration could inherit from the ones before (see the
+    module docstring) and set ``name``'s drafting; the trie comes back with ``held_out``'s
+    compile, the GPU state table's sample graphs are captured again outside the timing."""
     from constrain import get_default_compiler
-    from constrain.engine.api import Engine
+    from constrain.engine.graph_loop import GraphStep
 
     get_default_compiler().clear()
-    if args.device.startswith("cuda"):
-        torch.cuda.empty_cache()
-    return Engine(loaded, max_batch=batch, backend=args.backend, speculative=config(name, args.max_draft))
+    step = engine._step  # the step backend: its state table caches states of grammars compiled before
+    if isinstance(step, GraphStep):
+        engine._step = GraphStep(step.runner, engine.vocab.vocab_size)
+        engine._step.capture()
+    compiles(engine, held_out, {"constrain": configurations()["constrain, defaults"]})
+    engine.speculative = config(name, args.max_draft)
 
 
-def measure(engine: Any, name: str, items: Sequence[Item], warm: Sequence[Item], batch: int,
-            args: argparse.Namespace) -> dict[str, Any]:
-    if args.warmup:  # CUDA graphs captured, kernels compiled, trie built: on held-out items
-        run_groups(engine, warm, batch, args.max_tokens, args.device)
+def measure(engine: Any, name: str, items: Sequence[Item], batch: int, args: argparse.Namespace) -> dict[str, Any]:
     results, wall = run_groups(engine, items, batch, args.max_tokens, args.device)
     tokens = sum(len(r.token_ids) for r in results)
     steps = sum(r.steps for r in results)
@@ -150,10 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         names.insert(0, "none")
 
     from constrain.engine.api import Engine
-    from constrain.engine.model import load_model
 
-    loaded = load_model(args.model, device=args.device)
-    engine = Engine(loaded, max_batch=max(batches), backend=args.backend)  # for the items' checks only
+    engine = Engine.from_pretrained(args.model, device=args.device, max_batch=max(batches), backend=args.backend)
     per_batch = {b: b * (args.groups if b == 1 or args.smoke else max(64 // b, 2)) for b in batches}
     need = max(per_batch.values()) + max(batches)  # the last max(batches) are the warm-up's
     configs = {"constrain": configurations()["constrain, defaults"]}
@@ -164,18 +155,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if compiles(engine, it, configs) and len(engine.loaded.encode_prompt(it.prompt)) + args.max_tokens < 2048:
             items.append(it)
     held_out, items = items[len(items) - max(batches):], items[: len(items) - max(batches)]
-    print(f"{len(items)} extraction items (+{len(held_out)} for warm-up); model {loaded.name} on {args.device} "
+    print(f"{len(items)} extraction items (+{len(held_out)} for warm-up); model {engine.loaded.name} on {args.device} "
           f"({engine.backend}), greedy, max_tokens {args.max_tokens}, max_draft {args.max_draft}",
           file=sys.stderr, flush=True)
-    del engine
     rows: list[dict[str, Any]] = []
     for b in batches:
         subset = items[: per_batch[b]]
+        if args.warmup:  # every configuration once, untimed: the CUDA graphs they use, kernels compiled;
+            # with the longest prompt, so that no timed run reallocates the KV cache (and its graphs)
+            warm = held_out[: b - 1] + [max(subset, key=lambda it: len(engine.loaded.encode_prompt(it.prompt)))]
+            for name in names:
+                engine.speculative = config(name, args.max_draft)
+                run_groups(engine, warm, b, args.max_tokens, args.device)
         at_b = []
         for name in names:
-            engine = cold_engine(loaded, name, args, b)
-            at_b.append(measure(engine, name, subset, held_out[:b], b, args))
-            del engine  # its KV cache and graphs freed before the next one allocates
+            cold_start(engine, name, args, held_out[-1])
+            at_b.append(measure(engine, name, subset, b, args))
             print(f"{name} batch {b}: {at_b[-1]['wall_s']} s", file=sys.stderr, flush=True)
         for row in at_b:
             compare(row, at_b[names.index("none")])
