@@ -404,7 +404,11 @@ class ExprTable:
 
     def alternatives(self, e: int) -> tuple[int, ...] | None:
         """The members of a union state (``a | b``, an Unordered state, either one inside a frame
-        or followed by more), whose masks together make its mask; None for other states."""
+        or followed by more), whose masks together make its mask; None for other states.
+
+        A frame followed by more counts too: ``FRAME(({k1 ...|k2 ...}) "}") tail``, an object's
+        next key with the members it may still have, is new for every set of members seen so far,
+        where each member's own head walk (``FRAME(k1 ...)``) is shared by all of them."""
         k, a = self._kind[e], self._args[e]
         if k == K_ALT:
             return a[0]
@@ -414,7 +418,7 @@ class ExprTable:
             if k == K_UNORDERED:
                 body = self._expand_unordered(e)
                 return self._args[body][0] if self._kind[body] == K_ALT else None
-            if k == K_SEQ and self._kind[a[0]] in (K_ALT, K_UNORDERED):
+            if k == K_SEQ and self._kind[a[0]] in (K_ALT, K_UNORDERED, K_FRAME):
                 members = self.alternatives(a[0])
                 return None if members is None else tuple(self._mk_seq(m, a[1]) for m in members)
         return None

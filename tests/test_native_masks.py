@@ -53,6 +53,8 @@ def check_mask(native: TokenAutomaton, twin: TokenAutomaton, state: int, per_tok
     got = native.mask(state)
     assert got.dtype == np.int32 and got.shape == (native.n_words,)
     assert np.array_equal(got, twin.mask(state))
+    tokens, _ = native.transitions(state)  # one walk of the whole state: the oracle of split and union masks
+    assert np.array_equal(got, native._pack(tokens, native.is_accepting(state)))
     if per_token:  # the oracle: one derivative per byte of every token
         allowed = {t for t in range(len(native.token_bytes)) if native.next_state(state, t) > 0}
         if native.is_accepting(state):
@@ -237,6 +239,24 @@ def test_union_masks_of_object_members() -> None:
         assert feed(native, twin, doc) > 10
         unions += len(native._masks) > before
     assert unions
+
+
+def test_union_masks_of_members_inside_a_frame() -> None:
+    """An object's next key inside a frame (``FRAME(({k1 ...|k2 ...}) "}") tail``, a nested object
+    with optional members in declared order and extra keys) is masked member by member too."""
+    inner = {"type": "object", "properties": {k: {"type": t} for k, t in
+                                              [("alpha", "integer"), ("alps", "string"), ("beta", "boolean"),
+                                               ("gamma", "array"), ("alpine", "null")]},
+             "additionalProperties": {"type": "integer"}}
+    schema = {"type": "object", "properties": {"x": inner, "y": {"type": "array", "items": inner}}}
+    native, twin = twins(GrammarCompiler().compile_json_schema(schema, tekken()))
+    table, framed = native.table, 0
+    for doc in (b'{"x":{"alps":"x y","gamma":[],"zz":1},"y":[{"alpha":1,"alpine":null,"q":2},{}]}',
+                b'{"y":[{"beta":false,"alpine":null},{"alpha":7,"zq":3}],"x":{"al":1}}'):
+        assert feed(native, twin, doc) > 10
+    for state in list(native._masks):
+        framed += table.is_framed(state) and table.alternatives(state) is not None
+    assert framed, "no union inside a frame was masked member by member"
 
 
 def test_masks_from_many_threads_agree() -> None:
