@@ -33,7 +33,7 @@ from constrain.engine.model import LoadedModel
 from constrain.engine.runner import EagerStep, ModelRunner
 from constrain.engine.sampler import SamplingParams
 from constrain.engine.scheduler import Row, Scheduler
-from constrain.engine.speculative import NgramIndex, SpeculativeConfig, choose_draft_length, verify
+from constrain.engine.speculative import LookupDrafter, NgramIndex, SpeculativeConfig, choose_draft_length, verify
 from constrain.engine.types import GenerationRequest
 from constrain.kernels import verify_draft_ref
 
@@ -521,6 +521,26 @@ def test_ngram_lookup_finds_the_latest_longest_earlier_match(seq: list[int], tai
             want = full[max(ends):max(ends) + k]
             break
     assert index.lookup(tail, k) == want
+
+
+def test_text_lookup_proposes_the_sequences_own_tokens_at_a_token_start() -> None:
+    """No token n-gram recurs (``"John`` against `` John``) but the text does: where the match
+    ends where a token of the sequence begins, its tokens are the draft, without tokenizing;
+    inside a token, the rest of the text is tokenized."""
+    vocab = Vocabulary.from_token_bytes([b" John", b" Smith", b".", b'"', b"John", b" Sm"])
+    encoded: list[str] = []
+
+    def encode(text: str) -> list[int]:
+        encoded.append(text)
+        return [2]
+
+    sched: Any = type("S", (), {"vocab": vocab, "encode": staticmethod(encode)})()
+    drafter = LookupDrafter(3)
+    for generated, want, calls in (([3, 4], [1, 2, 3, 4], []), ([3, 4, 5], [2], ['ith."John Sm'])):
+        row = Row(0, GenerationRequest([0, 1, 2]), None, 0, 10, [])
+        row.generated = generated
+        assert drafter.propose(row, [], 4, sched) == want
+        assert encoded == calls
 
 
 def test_draft_length_grows_with_acceptance_and_shrinks_with_cost() -> None:
