@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 import torch
 
@@ -11,6 +13,19 @@ from constrain.bitmask import bitmask_row
 
 # The state after a stop token (no grammar state has a negative id).
 TERMINATED = -2
+
+
+def close_bytes(tokens_left: int) -> int:
+    """Bytes the budget-aware close leaves the rest of the document after the next token: one
+    token is that token, one the stop token, and every other token can be one byte."""
+    return tokens_left - 2
+
+
+def budget_level(completions: list[float], tokens_left: int) -> int:
+    """How many of a state's ``next_completions()`` fit ``tokens_left``. The budget-aware mask
+    keeps a token iff the state it leads to fits, so two budgets of the same level give the same
+    mask: engines key cached close masks by (state, level) instead of (state, tokens_left)."""
+    return bisect.bisect_right(completions, close_bytes(tokens_left))
 
 
 class Matcher:
@@ -88,7 +103,7 @@ class Matcher:
         if s == TERMINATED:
             words = automaton.terminated_mask()
         elif tokens_left is not None and self.budget_binds(tokens_left):
-            words = automaton.budget_mask(s, tokens_left - 2)
+            words = automaton.budget_mask(s, close_bytes(tokens_left))
         else:
             words = automaton.mask(s)
         n = len(words)
@@ -111,7 +126,18 @@ class Matcher:
         allowed token leads to a state whose shortest completion no longer fits. Engines use it
         to take the plain (cached, GPU-resident) mask whenever the close changes nothing."""
         s = self._history[-1]
-        return s != TERMINATED and self._automaton.max_next_completion(s) > tokens_left - 2
+        return s != TERMINATED and self._automaton.max_next_completion(s) > close_bytes(tokens_left)
+
+    def next_completions(self) -> list[float]:
+        """The distinct shortest completions (bytes), ascending, of the states the allowed
+        non-stop tokens lead to (empty after a stop token): where the budget-aware mask can
+        change (``budget_level``). One walk of the vocabulary: callers cache it per state."""
+        s = self._history[-1]
+        if s == TERMINATED:
+            return []
+        automaton = self._automaton
+        _, nexts = automaton.transitions(s)
+        return sorted({automaton.table.min_completion(int(e)) for e in np.unique(nexts)})
 
     def min_completion_bytes(self) -> float:
         """Bytes in the shortest completion of the document so far (0 when it may end here)."""

@@ -12,9 +12,12 @@ GPU state table (``GraphStep`` over ``GraphRunner``).
   and the host works only on misses (a state or transition seen for the first time: computed by
   constrain, stored, never missed again; see ``StateCache``), resolved during the *next* step's
   forward (which reads tokens, not states) and patched in before that step's sample.
-- Rows whose mask the table cannot give (the budget-aware close near the end of a budget, a
-  request that brings its own matcher, ``table=False``) have their matcher fill a mask on the
-  host into a scratch row of the table, and point their state at it for that step.
+- The budget-aware close near the end of a budget: the row points at its state's close row for
+  the budget's level (``StateCache.close``: computed on the host once per state and level, then
+  served from the table and advanced on the GPU like the state itself).
+- Rows whose mask the table cannot give (a request that brings its own matcher, ``table=False``)
+  have their matcher fill a mask on the host into a scratch row of the table, and point their
+  state at it for that step.
 
 Finished rows are compacted away by the scheduler (``move_rows``); rows past the live ones in a
 batch bucket are parked (scratch KV column, unconstrained), so their replay touches nothing.
@@ -22,6 +25,7 @@ batch bucket are parked (scratch KV column, unconstrained), so their replay touc
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import numpy as np
@@ -140,26 +144,36 @@ class GraphStep:
         run.states[rows] = torch.as_tensor(states, dtype=torch.int32, device=dev)
 
     def _prepare_masks(self, batch: list[Row], scheduler: Scheduler) -> bool:
-        """Host masks into scratch rows for the rows that need them; True if any row is constrained."""
+        """Point rows under the budget-aware close at their close rows (``StateCache.close``) and
+        write host masks into scratch rows for rows the table cannot serve; True if any row is
+        constrained. A closed row's sampled token advances to a table state on the GPU, so the
+        step after needs no patch unless the close still binds."""
         hosted: list[int] = []
-        back: list[int] = []
+        rows: list[int] = []
+        states: list[int] = []
         for i, s in enumerate(batch):
             if s.matcher is None:
                 continue
-            if not self.table or s.request.grammar is None or scheduler.budget_left(s) is not None:
+            if not self.table or s.request.grammar is None:
                 scheduler.fill_mask(s, self._host, i)
                 hosted.append(i)
-            elif self._hosted[i]:  # back on the table after host masks
-                self._gid[i] = self.cache.enter(s.request.grammar, s.matcher.state)
-                self._hosted[i] = False
-                back.append(i)
-        self._patch(back, [self._gid[i] for i in back])
+                continue
+            left = scheduler.budget_left(s)
+            if left is not None:
+                rows.append(i)
+                fill = functools.partial(self._host_mask, scheduler, s, i)
+                states.append(self.cache.close(self._gid[i], s.matcher, left, fill))
+        self._patch(rows, states)
         if hosted:
             self.cache.write_scratch(hosted, self._host[hosted])
             for i in hosted:
                 self._hosted[i] = True
             self._patch(hosted, hosted)
         return any(s.matcher is not None for s in batch)
+
+    def _host_mask(self, scheduler: Scheduler, s: Row, i: int) -> torch.Tensor:
+        scheduler.fill_mask(s, self._host, i)
+        return self._host[i]
 
     def sync(self, batch: list[Row]) -> None:
         """Mirror the GPU's states; forced text moved a row where the GPU cannot know: patch it."""
@@ -220,9 +234,16 @@ class GraphStep:
         self._patch(rows, [self._gid[r] for r in rows])
 
     def _patch(self, rows: list[int], states: list[int]) -> None:
+        """GPU states of ``rows`` <- ``states``, queued behind the forward. One copy from pinned
+        memory, not blocking: a pageable copy waits for the stream, which would hold the host's
+        per-row work of this step (the budget checks, the next patch) until the forward ends."""
         if rows:
-            dev = self.runner.device
-            self.runner.states[torch.as_tensor(rows, device=dev)] = torch.as_tensor(states, dtype=torch.int32, device=dev)
+            run = self.runner
+            pair = torch.tensor([rows, states], dtype=torch.int32)
+            if run.device.type == "cuda":
+                pair = pair.pin_memory()
+            pair = pair.to(run.device, non_blocking=True)
+            run.states[pair[0]] = pair[1]
 
     def move_rows(self, moves: list[tuple[int, int, int]], live: int) -> None:
         self._resolve_pending()  # pending misses name rows by their index before the move

@@ -23,17 +23,30 @@ of the whole vocabulary, ~2-4 ms for a 128k one):
   step with random weights (up to 10,589 host round trips per run on the H200).
 A wide state whose tokens spread over many next states with no dominant one (bounded-length
 strings) stays lazy: one (state, token) pair per miss.
+
+The budget-aware close (``close``): near the end of a budget a row's mask is its state's with
+the tokens removed whose next state's shortest completion no longer fits. That mask depends on
+the budget only through how many of the next states' distinct completion lengths fit
+(``constrain.matcher.budget_level``), so it is stored once per (state, level) as a row of its
+own, which leaves by its state's transitions (``StateTable.set_alias``): a row under the close
+costs a dictionary lookup and a state patch per step, and its sampled token advances on the GPU
+like any other. Why not per-token completion lengths on the GPU (mask AND length[next[s, t]] <=
+left): that needs every transition of a state in the table (most states load theirs lazily, a
+string body has ~120k) and a lookup per vocabulary token per row, where the close mask is
+shared by every budget of its level and by every request at that state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from constrain import CompiledGrammar
 from constrain.kernels import StateTable
+from constrain.matcher import budget_level
 
 EXPAND_ON_MISS = 2  # the miss out of a state that loads all its transitions (see the docstring)
 EXPAND_MAX_NEXT = 64  # load all transitions of a state when they reach at most this many states
@@ -56,19 +69,41 @@ class StateCache:
         self._grammars: dict[int, tuple[CompiledGrammar, int]] = {}  # id(cg) -> (cg, index)
         self._ids: dict[tuple[int, int], int] = {}  # (grammar index, local) -> global
         self.scratch_rows = scratch_rows
-        self._where: list[tuple[CompiledGrammar, int]] = []  # global - scratch_rows -> (cg, local)
+        # global - scratch_rows -> (cg, local); a close row maps to its state's
+        self._where: list[tuple[CompiledGrammar, int]] = []
         self._misses_out: dict[int, int] = {}  # state -> misses out of it so far
         self._stored: set[int] = set()  # global ids whose mask row is in the table
         self._default: dict[int, int] = {}  # global id -> its default next global id
+        self._levels: dict[int, list[float]] = {}  # global id -> its next_completions()
+        self._close: dict[tuple[int, int], int] = {}  # (global id, budget level) -> close row id
         self.misses = 0
         self.expansions = 0
         self.defaults = 0  # wide states given a default next state
+        self.close_rows = 0  # close masks computed (once per state and budget level)
 
     def enter(self, cg: CompiledGrammar, local: int) -> int:
         """Global id of ``cg``'s state ``local``, its mask row stored (a row starts or jumps there)."""
         gid = self._global(cg, local)
         self._store([gid])
         return gid
+
+    def close(self, gid: int, matcher: Any, tokens_left: int, fill: Callable[[], torch.Tensor]) -> int:
+        """Id of the row holding state ``gid``'s budget-aware close mask at ``tokens_left`` (the
+        close binds there; ``matcher`` stands at ``gid``). ``fill()`` computes the mask (the host
+        rule, fallback included) the first time the state meets the budget's level."""
+        levels = self._levels.get(gid)
+        if levels is None:
+            levels = self._levels[gid] = matcher.next_completions()
+        key = (gid, budget_level(levels, tokens_left))
+        cid = self._close.get(key)
+        if cid is None:
+            cid = self._close[key] = len(self._where) + self.scratch_rows
+            self._where.append(self._where[gid - self.scratch_rows])
+            self.table.add_states(torch.tensor([cid]), fill().reshape(1, -1))
+            self.table.set_alias(cid, gid)
+            self._stored.add(cid)
+            self.close_rows += 1
+        return cid
 
     def write_scratch(self, rows: Sequence[int], masks: torch.Tensor) -> None:
         """Mask rows ``masks`` (len(rows), words) into the scratch ids of batch ``rows``."""

@@ -14,6 +14,10 @@ graph must then be captured again; `reserve()` up front avoids that in steady st
   its ~120k pairs costs ~100 ms of host time and megabytes, while the default plus the few
   exceptions in the hash (`set_default`) cost one load. A lookup that finds no key falls back to
   the default, so a state may get one only once *all* its other transitions are in the hash.
+- `aliases` int32 (state_capacity,): the state whose transitions a row leaves by, -1 = its own.
+  Why: a row may hold another mask of a state (the budget-aware close's, which only removes
+  tokens); pointing it at that state's transitions (`set_alias`) lets a sampled token advance
+  on the GPU as it would from the state itself, with no keys of its own.
 - `keys`    int64 (slots,): (state << 32) | token, -1 = empty; `values` int32 (slots,): next state.
   Linear probing; every key is stored within MAX_PROBE slots of its home, so a lookup is a
   fixed MAX_PROBE loads with no data-dependent loop (graph- and warp-friendly). An insert that
@@ -57,12 +61,16 @@ def advance_ref(
     states: torch.Tensor,
     tokens: torch.Tensor,
     defaults: torch.Tensor | None = None,
+    aliases: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pure-torch twin of the advance kernel (same probing, same outputs). Without `defaults`
-    a pair missing from the hash is a miss."""
+    a pair missing from the hash is a miss; without `aliases` every state leaves by its own."""
     cap = keys.numel()
     states = states.to(torch.int32)
     active = states >= 0
+    if aliases is not None:
+        a = aliases[states.clamp(min=0, max=aliases.numel() - 1).long()]
+        states = torch.where(active & (states < aliases.numel()) & (a >= 0), a, states)
     key = (states.to(torch.int64).clamp(min=0) << 32) | tokens.to(torch.int64)
     home = _hash_ref(states.clamp(min=0), tokens)
     nxt = torch.full_like(states, -1)
@@ -97,6 +105,7 @@ if HAS_TRITON:
         values_ptr,
         present_ptr,
         defaults_ptr,
+        aliases_ptr,
         states_ptr,
         tokens_ptr,
         out_ptr,
@@ -113,6 +122,8 @@ if HAS_TRITON:
         t = tl.load(tokens_ptr + offs, mask=inb, other=0)
         active = s >= 0
         s0 = tl.maximum(s, 0)
+        alias = tl.load(aliases_ptr + s0, mask=inb & active & (s0 < n_states), other=-1)
+        s0 = tl.where(alias >= 0, alias, s0)
         key = (s0.to(tl.int64) << 32) | t.to(tl.int64)
         slot = (_slot_hash(s0, t) & (cap - 1)).to(tl.int64)
         nxt = tl.full([BLOCK], -1, tl.int32)
@@ -152,6 +163,7 @@ class StateTable:
         self.masks = torch.zeros(_pow2(state_capacity), self.words, dtype=torch.int32, device=self.device)
         self.present = torch.zeros(self.masks.shape[0], dtype=torch.int8, device=self.device)
         self.defaults = torch.full((self.masks.shape[0],), -1, dtype=torch.int32, device=self.device)
+        self.aliases = torch.full_like(self.defaults, -1)
         self._alloc_slots(_pow2(max(transition_capacity, 16)))
 
     # ---- capacity -------------------------------------------------------------------------
@@ -185,7 +197,9 @@ class StateTable:
         present[: self.state_capacity] = self.present
         defaults = torch.full((cap,), -1, dtype=torch.int32, device=self.device)
         defaults[: self.state_capacity] = self.defaults
-        self.masks, self.present, self.defaults = masks, present, defaults
+        aliases = torch.full_like(defaults, -1)
+        aliases[: self.state_capacity] = self.aliases
+        self.masks, self.present, self.defaults, self.aliases = masks, present, defaults, aliases
         self.generation += 1
 
     def _rehash(self, cap: int) -> None:
@@ -228,6 +242,15 @@ class StateTable:
         if max(state, next_state) >= self.state_capacity:
             self._grow_states(max(state, next_state) + 1)
         self.defaults[state] = int(next_state)
+
+    def set_alias(self, state: int, target: int) -> None:
+        """Row `state` leaves by `target`'s transitions (and default) from now on; its own mask
+        row stays what `add_states` stored. `target` must not have an alias itself."""
+        if state < 0 or target < 0:
+            raise ValueError("states must be >= 0")
+        if max(state, target) >= self.state_capacity:
+            self._grow_states(max(state, target) + 1)
+        self.aliases[state] = int(target)
 
     def add_transitions(self, states: torch.Tensor, tokens: torch.Tensor, next_states: torch.Tensor) -> None:
         """Record (state, token) -> next_state for each element (later duplicates win)."""
@@ -301,14 +324,14 @@ class StateTable:
         states = states.to(device=self.device, dtype=torch.int32).contiguous()
         tokens = tokens.to(device=self.device, dtype=torch.int32).contiguous()
         if not use_triton(states):
-            return advance_ref(self.keys, self.values, self.present, states, tokens, self.defaults)
+            return advance_ref(self.keys, self.values, self.present, states, tokens, self.defaults, self.aliases)
         n = states.numel()
         out = torch.empty_like(states)
         miss = torch.empty(n, dtype=torch.int8, device=self.device)
         if n:
             block = 128 if n <= 4096 else 512
             _advance_kernel[(triton.cdiv(n, block),)](
-                self.keys, self.values, self.present, self.defaults, states, tokens, out, miss,
+                self.keys, self.values, self.present, self.defaults, self.aliases, states, tokens, out, miss,
                 n, self.transition_capacity, self.state_capacity, MAX_PROBE_=MAX_PROBE, BLOCK=block, num_warps=4,
             )
         return out, miss.bool()

@@ -54,8 +54,8 @@ def test_static_step_equals_eager_forward() -> None:
 
 def _requests(eng, temperature: float = 0.0) -> list[GenerationRequest]:
     """A mixed batch: forced keys (declared order), a budget the close must meet (its masks
-    come from the host), top-k rows on the state table, an unconstrained row and one that runs
-    out of budget."""
+    come from close rows of the table), top-k rows on the state table, an unconstrained row and
+    one that runs out of budget."""
     def grammar(kind, source):
         return eng.compile(Constraint.from_args(**{kind: source}))
 
@@ -103,6 +103,7 @@ def test_graph_path_equals_eager_path(table: bool, temperature: float) -> None:
     assert checker("json_schema", PERSON_SCHEMA)(got[3].text)
     if table:
         assert backend.cache.misses > 0  # the host filled the table lazily
+        assert backend.cache.close_rows > 0  # the close's masks came from the table too
 
 
 def test_wide_states_get_a_default(monkeypatch: pytest.MonkeyPatch) -> None:

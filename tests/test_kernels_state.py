@@ -79,3 +79,23 @@ def test_default_next_state() -> None:
     assert torch.equal(out, o2) and torch.equal(miss, m2)
     assert out.tolist() == [5, 6, 4, 7, -1, -1, -1]
     assert miss.tolist() == [False, False, False, False, True, True, False]
+
+
+def test_alias_leaves_by_its_targets_transitions() -> None:
+    """A row with an alias (a close mask of a state) advances exactly as its target would, keys
+    and default included, while its own mask row stays its own; others are unaffected."""
+    table = StateTable(4, device=DEVICE, state_capacity=4, transition_capacity=16)
+    table.add_states(torch.arange(8), torch.ones(8, 4, dtype=torch.int32))
+    table.add_transitions(torch.tensor([2, 2, 3]), torch.tensor([10, 11, 10]), torch.tensor([5, 6, 7]))
+    table.set_default(2, 4)
+    table.add_state(9, torch.full((4,), 3, dtype=torch.int32))  # grows the states (aliases too)
+    table.set_alias(9, 2)
+    table.set_alias(8, 3)  # advance never reads the row's own mask (none stored here)
+    qs = torch.tensor([9, 9, 9, 2, 8, 8, 3, -1], dtype=torch.int32, device=DEVICE)
+    qt = torch.tensor([10, 11, 99, 99, 10, 99, 10, 5], dtype=torch.int32, device=DEVICE)
+    out, miss = table.advance(qs, qt)
+    o2, m2 = advance_ref(table.keys, table.values, table.present, qs, qt, table.defaults, table.aliases)
+    assert torch.equal(out, o2) and torch.equal(miss, m2)
+    assert out.tolist() == [5, 6, 4, 4, 7, -1, 7, -1]
+    assert miss.tolist() == [False, False, False, False, False, True, False, False]
+    assert table.gather_masks(torch.tensor([9])).tolist() == [[3, 3, 3, 3]]
