@@ -27,7 +27,7 @@ import numpy as np
 from constrain.budget import DEFAULT_BUDGET, DEFAULT_MAX_STATES, BudgetExceededError, CompileBudget
 from constrain.cache import Signatures
 from constrain.grammars import ir
-from constrain.grammars.analysis import INFINITE, MAX_NESTING, MinLength, nesting_error, rule_min_lengths
+from constrain.grammars.analysis import INFINITE, MAX_NESTING, MinLength, measure_rules, nesting_error
 from constrain.grammars.errors import GrammarError
 
 # Expression kinds.
@@ -134,7 +134,7 @@ class ExprTable:
         if grammar.start not in self._rule_ids:
             raise GrammarError(f"grammar has no start rule {grammar.start!r}")
         with self.work():
-            self._rule_min = rule_min_lengths(grammar.rules, self._exact_min)
+            self._rule_min = measure_rules(grammar.rules, self._exact_min, grammar.rule_lengths).lengths
             self.start = self._convert(ir.Ref(grammar.start))
 
     def _exact_min(self, node: ir.Node) -> float:

@@ -4,12 +4,13 @@ which rules reach which, which sit on a cycle, and rewriting references."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple
 
 from constrain.grammars import ir
 from constrain.grammars.errors import GrammarError
 from constrain.grammars.ir import Node, alt, repeat, seq
 
-__all__ = ["children", "refs", "reachable_rules", "RefMapper", "cyclic_components", "rule_min_lengths", "MinLength", "INFINITE",
+__all__ = ["children", "refs", "reachable_rules", "RefMapper", "cyclic_components", "rule_min_lengths", "measure_rules", "RuleLengths", "MinLength", "INFINITE",
            "MAX_NESTING", "MAX_REPEAT", "nesting_error"]
 
 
@@ -233,31 +234,64 @@ class MinLength:
         return max([self(i) for i in node.items])
 
 
+class RuleLengths(NamedTuple):
+    """What ``measure_rules`` learnt: the lengths (finite ones), the rules whose length took a
+    lower bound (an ``And``/``Not`` measured without ``exact``, in the rule or in a rule it uses:
+    every other length is exact) and the rule graph (which rules each rule uses)."""
+
+    lengths: dict[str, float]
+    bounded: frozenset[str]
+    graph: dict[str, set[str]]
+
+
 def rule_min_lengths(rules: Mapping[str, Node], exact: Callable[[Node], float] | None = None) -> dict[str, float]:
     """Length of the shortest string each rule derives (``INFINITE`` for unproductive rules).
 
     Unproductive rules (``a: "x" a``) are turned into ``NOTHING`` so that no walk can enter a
     state with no way out; the lengths also drive the budget-aware close. ``exact``: as for
     ``MinLength``; with it, a rule whose intersection is empty is unproductive too.
+    """
+    return measure_rules(rules, exact).lengths
+
+
+def measure_rules(rules: Mapping[str, Node], exact: Callable[[Node], float] | None = None,
+                  known: RuleLengths | None = None) -> RuleLengths:
+    """``rule_min_lengths``, with what it learnt; ``known``: an earlier measure of the same rules
+    (without ``exact``), whose graph is reused and whose exact lengths are kept: only the rules it
+    bounded are measured again (the compiler's exact pass after the front end's check).
 
     Rules are measured after the rules they use (no recursion through references, so a chain
     of thousands of rules costs no depth); a cycle is iterated until its lengths settle, which
     takes at most one pass per rule in it (a shortest derivation repeats no rule on a path).
     """
-    graph = {name: {r for r in refs(body) if r in rules} for name, body in rules.items()}
-    known: dict[str, float] = {}
-    size = MinLength(known, exact)
+    graph = known.graph if known is not None else {name: {r for r in refs(body) if r in rules}
+                                                   for name, body in rules.items()}
+    lengths: dict[str, float] = {}
+    bounded: set[str] = set()
+    size = MinLength(lengths, exact)
     for comp in strongly_connected_components(graph, rules):
-        if len(comp) == 1 and comp[0] not in graph[comp[0]]:
-            known[comp[0]] = size(rules[comp[0]])
+        if known is not None and known.bounded.isdisjoint(comp):
+            lengths.update((name, known.lengths[name]) for name in comp if name in known.lengths)
             continue
-        changed = True
-        while changed:
-            changed = False
-            size.memo.clear()  # lengths inside the cycle are still falling
-            for name in comp:
-                n = size(rules[name])
-                if n < known.get(name, INFINITE):
-                    known[name] = n
-                    changed = True
-    return {name: n for name, n in known.items() if n < INFINITE}
+        bounds_before = size.bounds_seen
+        _measure_component(comp, rules, graph, lengths, size)
+        if size.bounds_seen > bounds_before or any(not bounded.isdisjoint(graph[name]) for name in comp):
+            bounded.update(comp)
+    return RuleLengths({name: n for name, n in lengths.items() if n < INFINITE}, frozenset(bounded), graph)
+
+
+def _measure_component(comp: list[str], rules: Mapping[str, Node], graph: dict[str, set[str]],
+                       known: dict[str, float], size: MinLength) -> None:
+    """Lengths of one strongly connected component's rules into ``known``."""
+    if len(comp) == 1 and comp[0] not in graph[comp[0]]:
+        known[comp[0]] = size(rules[comp[0]])
+        return
+    changed = True
+    while changed:
+        changed = False
+        size.memo.clear()  # lengths inside the cycle are still falling
+        for name in comp:
+            n = size(rules[name])
+            if n < known.get(name, INFINITE):
+                known[name] = n
+                changed = True

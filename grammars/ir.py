@@ -19,7 +19,10 @@ from __future__ import annotations
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from constrain.grammars.analysis import RuleLengths
 
 __all__ = [
     "Node", "Bytes", "Seq", "Alt", "And", "Not", "Repeat", "Ref", "Unordered", "Grammar",
@@ -173,12 +176,18 @@ class Grammar:
             raise ValueError(f"grammar has no start rule {self.start!r}")
 
     @cached_property
-    def min_lengths(self) -> dict[str, float]:
-        """Shortest match length per rule (``grammars.analysis.rule_min_lengths``), computed once
-        and shared by the front end that checks satisfiability and the compiler."""
-        from constrain.grammars.analysis import rule_min_lengths  # analysis builds on this module
+    def rule_lengths(self) -> RuleLengths:
+        """Shortest match length per rule (``grammars.analysis.measure_rules``), computed once and
+        shared by the front end that checks satisfiability and the compiler (which measures again
+        only the rules whose length took a lower bound)."""
+        from constrain.grammars.analysis import measure_rules  # analysis builds on this module
 
-        return rule_min_lengths(self.rules)
+        return measure_rules(self.rules)
+
+    @property
+    def min_lengths(self) -> dict[str, float]:
+        """Shortest match length per rule, a lower bound where ``And``/``Not`` are involved."""
+        return self.rule_lengths.lengths
 
     @staticmethod
     def of(node: Node) -> Grammar:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -132,8 +133,6 @@ def test_recursive_rules_expand_lazily_to_any_depth() -> None:
 
 
 def test_left_recursion_is_reported() -> None:
-    import pytest
-
     from constrain.grammars.errors import GrammarError
 
     g = ir.Grammar({"start": ir.alt(ir.literal("x"), ir.seq(ir.ref("start"), ir.literal("y")))})
@@ -169,3 +168,29 @@ def test_liveness_learnt_from_earlier_searches_equals_fresh_searches() -> None:
             assert learnt.is_live(s) == expected, bytes(text)
             dead += not expected
     assert dead > 0  # some prefixes can never be completed: the dead branch is exercised
+
+
+GRAMMARS_WITH_BOUNDS = [
+    # an unsatisfiable intersection in a cycle, a rule using it, and rules that never meet one
+    'start: a | b c\na: "x" a | x_and\nx_and: /(?![a-c]{2})[a-c]{2}/ "y"\nb: "q"+ | c\nc: "(" b ")" | "z"',
+    {"type": "object", "properties": {"n": {"type": "string", "pattern": "^a+$", "maxLength": 0},
+                                      "m": {"type": "array", "items": {"$ref": "#"}}, "k": {"type": "integer"}},
+     "required": ["k"], "additionalProperties": {"type": "string", "minLength": 2, "pattern": "^b?$"}},
+    {"anyOf": [{"type": "string", "format": "date"}, {"type": "array", "items": {"$ref": "#"}, "minItems": 1}]},
+]
+
+
+@pytest.mark.parametrize("source", GRAMMARS_WITH_BOUNDS)
+def test_exact_rule_lengths_measure_only_the_bounded_rules_again(source) -> None:
+    """The compiler's exact pass reuses the front end's lengths where no bound was taken: equal to
+    measuring every rule again."""
+    from constrain.grammars.analysis import measure_rules, rule_min_lengths
+    from constrain.grammars.json_schema import json_schema_to_grammar
+    from constrain.grammars.lark_frontend import lark_to_grammar
+
+    grammar = lark_to_grammar(source) if isinstance(source, str) else json_schema_to_grammar(source)
+    table = ExprTable(grammar)
+    again = measure_rules(grammar.rules, table._exact_min, grammar.rule_lengths)
+    assert again.lengths == rule_min_lengths(grammar.rules, table._exact_min) == table._rule_min
+    assert grammar.rule_lengths.bounded, "no rule took a bound: nothing was measured again"
+    assert not again.bounded
