@@ -27,7 +27,7 @@ from constrain.compiler import (
     get_default_compiler,
     set_default_compiler,
 )
-from constrain.grammars.errors import GrammarError, LarkGrammarError, RegexError, SchemaError
+from constrain.grammars.errors import GrammarError, LarkGrammarError, RegexError, SchemaError, UnsatisfiableError
 from constrain.matcher import Matcher
 from constrain.vocabulary import Vocabulary
 
@@ -52,5 +52,5 @@ __all__ = [
     "compile_json_schema", "compile_regex", "compile_lark", "compile_grammar",
     "get_default_compiler", "set_default_compiler",
     "allocate_token_bitmask", "bitmask_dtype", "bitmask_words",
-    "GrammarError", "SchemaError", "RegexError", "LarkGrammarError", "BudgetExceededError",
+    "GrammarError", "SchemaError", "RegexError", "LarkGrammarError", "UnsatisfiableError", "BudgetExceededError",
 ]

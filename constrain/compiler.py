@@ -21,7 +21,7 @@ from constrain.budget import DEFAULT_BUDGET, CompileBudget
 from constrain.cache import ByteBudgetCache, Signatures
 from constrain.derivatives import ExprTable
 from constrain.grammars import ir
-from constrain.grammars.errors import GrammarError
+from constrain.grammars.errors import GrammarError, UnsatisfiableError
 from constrain.matcher import TERMINATED, Matcher
 from constrain.vocabulary import Vocabulary
 
@@ -52,7 +52,7 @@ class CompiledGrammar:
         self._automaton = TokenAutomaton(table, vocab, shared)
         start = self.initial_state
         if not table.row(start).any() and not self.is_accepting(start):
-            raise GrammarError("constraint is unsatisfiable: no document satisfies it")
+            raise UnsatisfiableError("constraint is unsatisfiable: no document satisfies it")
 
     @property
     def notes(self) -> tuple[str, ...]:

@@ -33,6 +33,14 @@ class SchemaError(GrammarError):
         self.keyword = keyword
 
 
+class UnsatisfiableError(GrammarError):
+    """A well-formed constraint that no document satisfies (callers tell it apart by type, not text)."""
+
+
+class UnsatisfiableSchemaError(SchemaError, UnsatisfiableError):
+    """A JSON Schema that no document satisfies; ``pointer`` names the first unsatisfiable place found."""
+
+
 class LarkGrammarError(GrammarError):
     """A Lark grammar that is malformed or uses a feature we do not support."""
 

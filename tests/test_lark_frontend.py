@@ -14,7 +14,7 @@ import pytest
 
 import constrain
 from constrain.derivatives import NOTHING, ExprTable
-from constrain.grammars.errors import GrammarError, LarkGrammarError
+from constrain.grammars.errors import LarkGrammarError
 from constrain.grammars.lark_frontend import lark_to_grammar
 
 
@@ -223,7 +223,7 @@ def test_empty_language_is_unsatisfiable_at_compile():
     vocab = constrain.Vocabulary.from_token_bytes([b"x", b"y", None], eos_token_ids=[2])
     grammar = lark_to_grammar('start: a\na: "x" a\n')
     assert any("empty" in note for note in grammar.notes)
-    with pytest.raises(GrammarError, match="unsatisfiable"):
+    with pytest.raises(constrain.UnsatisfiableError, match="unsatisfiable"):
         constrain.compile_lark('start: a\na: "x" a\n', vocab)
 
 

@@ -153,7 +153,7 @@ def test_vocabulary_without_stop_token_is_refused() -> None:
 
 def test_unsatisfiable_constraint_is_refused() -> None:
     never = ir.intersect(ir.literal("a"), ir.literal("b"))
-    with pytest.raises(GrammarError, match="unsatisfiable"):
+    with pytest.raises(constrain.UnsatisfiableError, match="unsatisfiable"):
         constrain.compile_grammar(ir.Grammar.of(never), gpt2())
     empty_rec = ir.Grammar({"start": ir.seq(ir.literal("x"), ir.ref("start"))})
     with pytest.raises(GrammarError, match="unsatisfiable"):

@@ -17,18 +17,18 @@ from constrain.grammars.json_schema.literals import dedupe_values
 from constrain.grammars.json_schema.shapes import Shape
 
 if TYPE_CHECKING:
-    from constrain.grammars.json_schema.translate import Translator
+    from constrain.grammars.json_schema.building import Layout, RuleSink, Values
 
 __all__ = ["array_ir"]
 
 MAX_UNIQUE_VALUES = 10
 
 
-def _list(t: Translator, first: Node, rest: Node, lo: int, hi: int | None, *, leading: bool) -> Node:
+def _list(lay: Layout, first: Node, rest: Node, lo: int, hi: int | None, *, leading: bool) -> Node:
     """``lo..hi`` elements; ``leading``: no element came before (so no comma before the first)."""
     if hi is not None and hi < lo:
         return NOTHING
-    more = seq(t.comma, rest)
+    more = seq(lay.comma, rest)
     if not leading:
         return repeat(more, lo, hi)
     if hi == 0:
@@ -37,11 +37,11 @@ def _list(t: Translator, first: Node, rest: Node, lo: int, hi: int | None, *, le
     return body if lo > 0 else optional(body)
 
 
-def _wrap(t: Translator, body: Node) -> Node:
-    return t.container("[", body, "]")
+def _wrap(lay: Layout, sink: RuleSink, body: Node) -> Node:
+    return lay.container("[", body, "]", sink.surely_nonempty)
 
 
-def array_ir(t: Translator, sh: Shape) -> Node:
+def array_ir(t: Values, lay: Layout, sink: RuleSink, sh: Shape) -> Node:
     """The IR of arrays satisfying the array keywords of ``sh``."""
     p = sh.pointer
     width = max((len(a.prefix) for a in sh.arrays), default=0)
@@ -71,23 +71,23 @@ def array_ir(t: Translator, sh: Shape) -> Node:
     rest = t.value_rule(rest_subs, p + "/items")
     # Build from the end: positions beyond the prefix, then the prefix positions.
     n = len(elems)
-    body = _list(t, rest, rest, max(lo - n, 0), None if hi is None else hi - n, leading=(n == 0)) if (hi is None or hi > n) else (EMPTY if lo <= n else NOTHING)
+    body = _list(lay, rest, rest, max(lo - n, 0), None if hi is None else hi - n, leading=(n == 0)) if (hi is None or hi > n) else (EMPTY if lo <= n else NOTHING)
     for i in range(n - 1, -1, -1):
-        sep = t.comma if i > 0 else EMPTY
+        sep = lay.comma if i > 0 else EMPTY
         step = seq(sep, elems[i], body)
         body = step if i < lo else optional(step)
-    node = _wrap(t, body)
+    node = _wrap(lay, sink, body)
     parts = [node]
     for c in sh.contains:
         if (c.min == 0 and c.max is None) or c.max == 0:
             continue
-        parts.append(_contains(t, sh, c, rest_subs, width))
+        parts.append(_contains(t, lay, sink, sh, c, rest_subs, width))
     if sh.unique and (hi is None or hi > 1):
-        parts.append(_unique(t, sh, position_subs, rest_subs))
+        parts.append(_unique(t, lay, sink, sh, position_subs, rest_subs))
     return intersect(*parts) if len(parts) > 1 else node
 
 
-def _contains(t: Translator, sh: Shape, c: Any, rest_subs: list[Sub], width: int) -> Node:
+def _contains(t: Values, lay: Layout, sink: RuleSink, sh: Shape, c: Any, rest_subs: list[Sub], width: int) -> Node:
     """Arrays with ``c.min``..``c.max`` elements matching ``c.sub`` (elements otherwise as ``items``)."""
     if width:
         raise SchemaError("'contains' together with prefixItems is not supported", c.sub.pointer, "contains")
@@ -96,24 +96,24 @@ def _contains(t: Translator, sh: Shape, c: Any, rest_subs: list[Sub], width: int
         other = t.value_rule(rest_subs, sh.pointer + "/items")
     else:
         other = t.value_rule(rest_subs + [t.doc.negation(c.sub)], c.sub.pointer)
-    others_after = repeat(seq(t.comma, other))
+    others_after = repeat(seq(lay.comma, other))
 
     def at_least(m: int, more_max: int | None) -> Node:
-        group = seq(t.comma, hit, others_after)
-        return seq(repeat(seq(other, t.comma)), hit, others_after, repeat(group, m - 1, more_max))
+        group = seq(lay.comma, hit, others_after)
+        return seq(repeat(seq(other, lay.comma)), hit, others_after, repeat(group, m - 1, more_max))
 
     if c.min >= 1:
         body = at_least(c.min, None if c.max is None else c.max - 1)
     else:
         body = alt(optional(seq(other, others_after)), at_least(1, c.max - 1))
-    return _wrap(t, body)
+    return _wrap(lay, sink, body)
 
 
 MAX_UNIQUE_STATES = 4096
 MAX_INTEGER_SPAN = 32
 
 
-def _finite_values(t: Translator, subs: list[Sub]) -> list[Any] | None:
+def _finite_values(t: Values, subs: list[Sub]) -> list[Any] | None:
     """Every value satisfying all of ``subs`` when they are few and known (None otherwise)."""
     values: list[Any] = []
     for shape in t.shapes_of(subs):
@@ -133,7 +133,7 @@ def _finite_values(t: Translator, subs: list[Sub]) -> list[Any] | None:
     return dedupe_values(values)
 
 
-def _unique(t: Translator, sh: Shape, position_subs: list[list[Sub]], rest_subs: list[Sub]) -> Node:
+def _unique(t: Values, lay: Layout, sink: RuleSink, sh: Shape, position_subs: list[list[Sub]], rest_subs: list[Sub]) -> Node:
     """Arrays whose elements are pairwise distinct, or a ``SchemaError`` where that is undecidable here.
 
     Elements at positions with a finite set of values (enum, const, booleans, small integer
@@ -168,26 +168,26 @@ def _unique(t: Translator, sh: Shape, position_subs: list[list[Sub]], rest_subs:
     if why is None and len(values) > 16:
         why = f"{len(values)} distinct values are too many to track"
     if why is None:
-        node = _unique_automaton(t, where, positions, finite, values)
+        node = _unique_automaton(t, lay, sink, where, positions, finite, values)
         if node is not None:
             return node
         why = "tracking the values already used needs too many states"
     if t.options.lenient:
         t.note(f"relaxed uniqueItems at {where}")
-        return _wrap(t, t.any_list())
+        return _wrap(lay, sink, t.any_list())
     raise SchemaError(f"cannot enforce 'uniqueItems': {why}; pass lenient=True to relax it", where, "uniqueItems")
 
 
-def _unique_automaton(t: Translator, where: str, positions: list[list[Sub]], finite: list[list[Any] | None],
+def _unique_automaton(t: Values, lay: Layout, sink: RuleSink, where: str, positions: list[list[Sub]], finite: list[list[Any] | None],
                       values: list[Any]) -> Node | None:
     """Rules over states (position, values used); None when more than MAX_UNIQUE_STATES are reachable."""
     from constrain.grammars.json_schema.literals import hashable
 
     index = {hashable(v): i for i, v in enumerate(values)}
-    spell = [t.value_literal(v, depth=t.depth + 1) for v in values]
+    spell = [t.value_literal(v, depth=lay.depth + 1) for v in values]
     allowed = [None if f is None else [index[hashable(v)] for v in f] for f in finite]
     last = len(positions) - 1
-    prefix = t.fresh_name(where + "#unique")
+    prefix = sink.fresh_name(where + "#unique")
     name = lambda pos, mask: f"{prefix}@{pos},{mask}"
     todo = [(0, 0)]
     seen = {(0, 0)}
@@ -197,7 +197,7 @@ def _unique_automaton(t: Translator, where: str, positions: list[list[Sub]], fin
         if len(seen) > MAX_UNIQUE_STATES:
             return None
         options: list[Node] = [EMPTY]
-        sep = t.comma if pos or mask else EMPTY  # something came before
+        sep = lay.comma if pos or mask else EMPTY  # something came before
         nxt_pos = min(pos + 1, last)
         if pos <= last:
             values_here = allowed[pos]
@@ -210,5 +210,6 @@ def _unique_automaton(t: Translator, where: str, positions: list[list[Sub]], fin
                     todo.append(nxt)
                 options.append(seq(sep, elem, ref(name(*nxt))))
         rules[name(pos, mask)] = alt(*options)
-    t.rules.update(rules)
-    return _wrap(t, ref(name(0, 0)))
+    for k, v in rules.items():
+        sink.define(k, v)
+    return _wrap(lay, sink, ref(name(0, 0)))

@@ -36,7 +36,7 @@ from constrain.grammars.json_schema.json_strings import ANY_CANONICAL_CHAR, stri
 from constrain.grammars.json_schema.shapes import Shape, Witness
 
 if TYPE_CHECKING:
-    from constrain.grammars.json_schema.translate import Translator
+    from constrain.grammars.json_schema.building import Layout, RuleSink, Values
 
 __all__ = ["object_ir"]
 
@@ -46,7 +46,7 @@ MAX_WITNESSES = 3
 INLINE_MEMBERS = 24
 
 
-def object_ir(t: Translator, sh: Shape) -> Node:
+def object_ir(t: Values, lay: Layout, sink: RuleSink, sh: Shape) -> Node:
     """The IR of objects satisfying the object keywords of ``sh``."""
     order: dict[str, None] = {}
     required: set[str] = set()
@@ -76,8 +76,8 @@ def object_ir(t: Translator, sh: Shape) -> Node:
             if k in required:
                 return NOTHING
             continue
-        members.append((k, subs, seq(string_literal(k), t.colon, value), k in required))
-    extra = NOTHING if finite is not None else _additional_member(t, sh, list(order))
+        members.append((k, subs, seq(string_literal(k), lay.colon, value), k in required))
+    extra = NOTHING if finite is not None else _additional_member(t, lay, sink, sh, list(order))
     witnesses = sh.witnesses
     # Additional members may repeat a key, and a repeated key is one property: counted as members
     # they could meet minProperties with fewer properties. In declaration order they come last and
@@ -85,8 +85,8 @@ def object_ir(t: Translator, sh: Shape) -> Node:
     recounted = sh.min_props > 1 and extra != NOTHING
     if t.options.property_order == "any" and not witnesses and not recounted:
         body = unordered([(member, req) for _, _, member, req in members], extra,
-                         first=t.first, sep=t.comma, last=t.last, min=sh.min_props, max=sh.max_props)
-        return _braces(t, body)
+                         first=lay.first, sep=lay.comma, last=lay.last, min=sh.min_props, max=sh.max_props)
+        return lay.braces(body)
     if t.options.property_order == "any":
         why = ("an additional member must witness a negated schema" if witnesses else
                "additional members count once toward minProperties, since they may repeat a key")
@@ -102,15 +102,11 @@ def object_ir(t: Translator, sh: Shape) -> Node:
         raise SchemaError("a negated additionalProperties/patternProperties next to minProperties/maxProperties "
                           "is not supported", sh.pointer, "not")
     # an additional member may serve as several witnesses at once: one variant per set of them
-    witness_extras = {mask: _additional_member(t, sh, list(order), [w for i, w in enumerate(witnesses) if mask >> i & 1])
+    witness_extras = {mask: _additional_member(t, lay, sink, sh, list(order),
+                                               [w for i, w in enumerate(witnesses) if mask >> i & 1])
                       for mask in range(1, 1 << len(witnesses))}
-    return _braces(t, _members(t, sh, members, extra, witness_extras, sh.min_props, sh.max_props, sh.pointer))
-
-
-def _braces(t: Translator, body: Node) -> Node:
-    if t.indent is not None:  # body writes the line breaks around its members itself
-        return seq(literal("{"), body, literal("}"))
-    return seq(literal("{"), t.ws, body, t.ws, literal("}"))
+    return lay.braces(_members(t, lay, sink, sh, members, extra, witness_extras, sh.min_props, sh.max_props,
+                               sh.pointer))
 
 
 def _listed_names(sh: Shape) -> list[str] | None:
@@ -127,7 +123,8 @@ def _listed_names(sh: Shape) -> list[str] | None:
     return None
 
 
-def _additional_member(t: Translator, sh: Shape, declared: list[str], witnesses: Sequence[Witness] = ()) -> Node:
+def _additional_member(t: Values, lay: Layout, sink: RuleSink, sh: Shape, declared: list[str],
+                       witnesses: Sequence[Witness] = ()) -> Node:
     """One ``key: value`` member whose key is not declared, or NOTHING when none may appear.
 
     With ``witnesses``: only members that serve as every one of them (key conditions and values)."""
@@ -153,7 +150,7 @@ def _additional_member(t: Translator, sh: Shape, declared: list[str], witnesses:
                     subs.append(part.additional)
             if any(s.schema is False for s in subs):
                 continue
-            key_parts = [repeat(t.shared("json-key-char", ANY_CANONICAL_CHAR))]
+            key_parts = [repeat(sink.shared("json-key-char", ANY_CANONICAL_CHAR))]
             for j, (pat, _, _i) in enumerate(patterns):
                 if j not in chosen and not all(may_overlap[j][c] for c in chosen):
                     continue  # disjoint from a chosen pattern: excluded already
@@ -170,11 +167,11 @@ def _additional_member(t: Translator, sh: Shape, declared: list[str], witnesses:
             if value == NOTHING or not ok:
                 continue
             key = seq(literal('"'), intersect(*key_parts), literal('"'))
-            out.append(seq(key, t.colon, value))
+            out.append(seq(key, lay.colon, value))
     return alt(*out)
 
 
-def _witness_key(t: Translator, w: Witness, pointer: str) -> list[Node]:
+def _witness_key(t: Values, w: Witness, pointer: str) -> list[Node]:
     """Key-body conditions of a witness member (canonical spelling)."""
     where = f"{pointer}/patternProperties"
     parts: list[Node] = []
@@ -186,8 +183,8 @@ def _witness_key(t: Translator, w: Witness, pointer: str) -> list[Node]:
     return parts
 
 
-def _members(t: Translator, sh: Shape, members: list[tuple[str, list[Sub], Node, bool]], extra: Node,
-             witness_extras: dict[int, Node], lo: int, hi: int | None, pointer: str) -> Node:
+def _members(t: Values, lay: Layout, sink: RuleSink, sh: Shape, members: list[tuple[str, list[Sub], Node, bool]],
+             extra: Node, witness_extras: dict[int, Node], lo: int, hi: int | None, pointer: str) -> Node:
     """Members in order with commas, optional ones skippable, total count in [lo, hi], and every
     witness of ``sh`` present (state: members written so far, capped; witnesses seen)."""
     n = len(members)
@@ -199,27 +196,27 @@ def _members(t: Translator, sh: Shape, members: list[tuple[str, list[Sub], Node,
         raise SchemaError("minProperties/maxProperties with this many optional properties is too large to enforce",
                           pointer, "maxProperties")
     use_rules = counting or n > INLINE_MEMBERS or bool(witnesses)
-    prefix = t.fresh_name(pointer + "#members")
+    prefix = sink.fresh_name(pointer + "#members")
     memo: dict[tuple[int, int, int], Node] = {}
 
     def tail(c: int, w: int) -> Node:
         """Additional members when ``c`` members came before and witnesses ``w`` were seen."""
         if w != full:
-            return _witness_tail(t, prefix, extra, witness_extras, c > 0, w, full)
+            return _witness_tail(lay, sink, prefix, extra, witness_extras, c > 0, w, full)
         need = max(lo - c, 0) if counting else 0
         room = None if hi is None else hi - c
         if room is not None and room < need:
             return NOTHING
         if extra == NOTHING:
-            return (t.last if c > 0 else EMPTY) if need == 0 else NOTHING
+            return (lay.last if c > 0 else EMPTY) if need == 0 else NOTHING
         if need > 1:  # additional keys may repeat: all of them together count as one property
             return NOTHING
-        more = seq(t.comma, extra)
+        more = seq(lay.comma, extra)
         if c > 0:
-            return seq(repeat(more, need, room), t.last)
+            return seq(repeat(more, need, room), lay.last)
         if room == 0:
             return EMPTY if need == 0 else NOTHING
-        first = seq(t.first, extra, repeat(more, max(need - 1, 0), None if room is None else room - 1), t.last)
+        first = seq(lay.first, extra, repeat(more, max(need - 1, 0), None if room is None else room - 1), lay.last)
         return first if need > 0 else optional(first)
 
     def variants(j: int) -> list[tuple[Node, int]]:
@@ -232,7 +229,7 @@ def _members(t: Translator, sh: Shape, members: list[tuple[str, list[Sub], Node,
             extra_subs = [witnesses[i].value for i in chosen]
             value = t.value_rule(subs + extra_subs, pointer + "/properties/" + key)
             if value != NOTHING:
-                out.append((seq(string_literal(key), t.colon, value), sum(1 << i for i in chosen)))
+                out.append((seq(string_literal(key), lay.colon, value), sum(1 << i for i in chosen)))
         return out
 
     # Bottom-up over j so recursion depth stays constant.
@@ -246,41 +243,37 @@ def _members(t: Translator, sh: Shape, members: list[tuple[str, list[Sub], Node,
                     continue
                 take: list[Node] = []
                 if hi is None or c + 1 <= hi:
-                    sep = t.comma if c > 0 else t.first
-                    take = [seq(sep, node, _link(t, prefix, j + 1, min(c + 1, cap), w | bits, memo, use_rules))
+                    sep = lay.comma if c > 0 else lay.first
+                    take = [seq(sep, node, _link(sink, prefix, j + 1, min(c + 1, cap), w | bits, memo, use_rules))
                             for node, bits in forms]
-                skip = NOTHING if members[j][3] else _link(t, prefix, j + 1, c, w, memo, use_rules)
+                skip = NOTHING if members[j][3] else _link(sink, prefix, j + 1, c, w, memo, use_rules)
                 memo[(j, c, w)] = alt(*take, skip)
     return memo[(0, 0, 0)]
 
 
-def _witness_tail(t: Translator, prefix: str, extra: Node, witness_extras: dict[int, Node], after: bool, w: int,
-                  full: int) -> Node:
+def _witness_tail(lay: Layout, sink: RuleSink, prefix: str, extra: Node, witness_extras: dict[int, Node],
+                  after: bool, w: int, full: int) -> Node:
     """Additional members (no count bounds) that include a witness for every bit missing from ``w``."""
     name = f"{prefix}@extra,{int(after)},{w}"
-    if name in t.rules:
+    if name in sink:
         return ref(name)
-    t.rules[name] = NOTHING  # placeholder while building (cycles go through refs)
-    sep = t.comma if after else t.first
-    options: list[Node] = [t.last if after else EMPTY] if w == full else []
+    sink.define(name, NOTHING)  # a placeholder while building (cycles go through refs)
+    sep = lay.comma if after else lay.first
+    options: list[Node] = [lay.last if after else EMPTY] if w == full else []
     if extra != NOTHING:
-        options.append(seq(sep, extra, _witness_tail(t, prefix, extra, witness_extras, True, w, full)))
+        options.append(seq(sep, extra, _witness_tail(lay, sink, prefix, extra, witness_extras, True, w, full)))
     for mask, wx in witness_extras.items():
         if not w & mask and wx != NOTHING:
-            options.append(seq(sep, wx, _witness_tail(t, prefix, extra, witness_extras, True, w | mask, full)))
-    t.rules[name] = alt(*options)
-    return ref(name)
+            options.append(seq(sep, wx, _witness_tail(lay, sink, prefix, extra, witness_extras, True, w | mask, full)))
+    return sink.define(name, alt(*options))
 
 
-def _link(t: Translator, prefix: str, j: int, c: int, w: int, memo: dict, use_rules: bool) -> Node:
+def _link(sink: RuleSink, prefix: str, j: int, c: int, w: int, memo: dict, use_rules: bool) -> Node:
     """A reference to state (j, c, w): inline for small objects, a rule otherwise."""
     node = memo[(j, c, w)]
     if not use_rules or node in (NOTHING, EMPTY):
         return node
-    name = f"{prefix}@{j},{c},{w}"
-    if name not in t.rules:
-        t.rules[name] = node
-    return ref(name)
+    return sink.shared(f"{prefix}@{j},{c},{w}", node)
 
 
 _META = re.compile(r"[\\.\[\](){}*+?|^$]")

@@ -13,17 +13,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from constrain.grammars.analysis import INFINITE
-from constrain.grammars.errors import RegexError, SchemaError
+from constrain.grammars.errors import RegexError, SchemaError, UnsatisfiableSchemaError
 from constrain.grammars.ir import (
-    ANY_BYTE,
     EMPTY,
     NOTHING,
-    Alt,
-    Bytes,
     Grammar,
     Node,
-    Ref,
-    Repeat,
     Seq,
     alt,
     byte_set,
@@ -35,6 +30,7 @@ from constrain.grammars.ir import (
     repeat,
     seq,
 )
+from constrain.grammars.json_schema.building import Layout, RuleSink
 from constrain.grammars.json_schema.document import Document, Sub
 from constrain.grammars.json_schema.formats import KNOWN_FORMATS, format_ir
 from constrain.grammars.json_schema.json_strings import (
@@ -94,30 +90,25 @@ class Translator:
     def __init__(self, root: Any, options: Options) -> None:
         self.options = options
         self.doc = Document(root, options.remote_schemas)
-        self.rules: dict[str, Node] = {}
+        self.sink = RuleSink()
         self.notes: list[str] = []
         self._unsat: dict[str, str] = {}
         self._names: dict[tuple, str] = {}
-        self._taken: set[str] = {"start", "any"}
-        self._suffix: dict[str, int] = {}
         self._queue: deque[tuple[str, list[Sub], str, int]] = deque()
         self._validators: dict[str, Any] = {}
         self._stripped: dict[int, dict] = {}
         self.norm = Normalizer(self.doc, oneof_as_anyof=options.oneof_as_anyof, lenient=options.lenient,
                                note=self.note, valid=self.valid)
         if options.whitespace == "flexible":
-            self.ws: Node = repeat(_WS_BYTES, 0, max(options.max_whitespace, 0))
+            ws: Node = repeat(_WS_BYTES, 0, max(options.max_whitespace, 0))
         elif options.whitespace == "compact":
-            self.ws = EMPTY
+            ws = EMPTY
         else:
             raise SchemaError(f"whitespace must be 'compact' or 'flexible', not {options.whitespace!r}", "")
-        self.indent = options.indent
-        if self.indent is not None and (isinstance(self.indent, bool) or not isinstance(self.indent, int)
-                                        or self.indent < 0):
-            raise SchemaError(f"indent must be a non-negative integer, not {self.indent!r}", "")
-        self.depth = 0
-        self._value_names: set[str] = set()
-        self.at_depth(0)
+        indent = options.indent
+        if indent is not None and (isinstance(indent, bool) or not isinstance(indent, int) or indent < 0):
+            raise SchemaError(f"indent must be a non-negative integer, not {indent!r}", "")
+        self.layout = Layout.at(ws, indent, 0)
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -128,90 +119,26 @@ class Translator:
     def unsat(self, reason: str, pointer: str) -> None:
         self._unsat.setdefault(pointer, reason)
 
-    def fresh_name(self, base: str) -> str:
-        """An unused rule name starting with ``base``."""
-        name, i = base, self._suffix.get(base, 1)
-        while name in self._taken:
-            i += 1
-            name = f"{base}~{i}"
-        self._suffix[base] = i
-        self._taken.add(name)
-        return name
-
-    def at_depth(self, depth: int) -> None:
-        """Use the structural tokens of a value nested ``depth`` containers deep.
-
-        Compact/flexible JSON: the same everywhere. With ``indent``, as ``json.dumps(indent=n)``:
-        members on their own lines, indented one level more than their container.
-        """
-        self.depth = depth
-        if self.indent is None:
-            self.comma = seq(self.ws, literal(","), self.ws)
-            self.colon = seq(self.ws, literal(":"), self.ws)
-            self.first = self.last = EMPTY
-        else:
-            inner = "\n" + " " * (self.indent * (depth + 1))
-            self.comma = literal("," + inner)
-            self.colon = literal(": ")
-            self.first = literal(inner)  # before the first member of a container
-            self.last = literal("\n" + " " * (self.indent * depth))  # after its last member
-
-    def container(self, open_: str, body: Node, close: str) -> Node:
-        """``open_ body close`` where ``body`` holds the members with their separators.
-
-        With ``indent`` the members start on a new line and the closing bracket gets its own line,
-        unless there are none (``[]``, ``{}``); ``body`` must then not contain ``self.first``/``self.last``.
-        """
-        if self.indent is None:
-            return seq(literal(open_), self.ws, body, self.ws, literal(close))
-        empty = literal(open_ + close)
-        if body == EMPTY:
-            return empty
-        parts = []
-        items = body.items if isinstance(body, Alt) else (body,)
-        rest = [x for x in items if x != EMPTY]
-        if len(rest) < len(items):
-            parts.append(empty)
-            body = alt(*rest)
-        elif not self._surely_nonempty(body):
-            parts.append(seq(literal(open_), intersect(body, EMPTY), literal(close)))
-        if not self._surely_nonempty(body):
-            body = intersect(body, seq(ANY_BYTE, repeat(ANY_BYTE)))
-        parts.append(seq(literal(open_), self.first, body, self.last, literal(close)))
-        return alt(*parts)
-
-    def _surely_nonempty(self, node: Node) -> bool:
-        if isinstance(node, Bytes):
-            return node.mask != 0
-        if isinstance(node, Seq):
-            return any(self._surely_nonempty(i) for i in node.items)
-        if isinstance(node, Alt):
-            return all(self._surely_nonempty(i) for i in node.items)
-        if isinstance(node, Repeat):
-            return node.min > 0 and self._surely_nonempty(node.item)
-        if isinstance(node, Ref):
-            return node.name in self._value_names
-        return False
-
     def value_rule(self, subs: list[Sub], pointer: str, depth: int | None = None) -> Node:
         """A reference to the rule for values satisfying every schema in ``subs``, nested ``depth``
         containers deep (default: a member of the container being built)."""
         if any(s.schema is False for s in subs):
             return NOTHING
+        indent = self.layout.indent
         if depth is None:
-            depth = self.depth + 1
-        if self.indent is not None and depth > MAX_INDENT_DEPTH:
+            depth = self.layout.depth + 1
+        if indent is not None and depth > MAX_INDENT_DEPTH:
             self.note(f"indent: values nested deeper than {MAX_INDENT_DEPTH} levels are not generated")
             return NOTHING
         subs = [s for s in subs if s.schema is not True and s.schema != {}]
         if not subs:
             return self.any_value(depth)
-        key = tuple(s.key() for s in subs) + ((depth,) if self.indent is not None else ())
+        key = tuple(s.key() for s in subs) + ((depth,) if indent is not None else ())
         name = self._names.get(key)
         if name is None:
-            label = "&".join(s.pointer for s in subs) + (f"@{depth}" if self.indent is not None else "")
-            name = self._names[key] = self.fresh_name(label)
-            self._value_names.add(name)
+            label = "&".join(s.pointer for s in subs) + (f"@{depth}" if indent is not None else "")
+            name = self._names[key] = self.sink.fresh_name(label)
+            self.sink.mark_value(name)
             self._queue.append((name, subs, subs[0].pointer, depth))
         return ref(name)
 
@@ -225,18 +152,19 @@ class Translator:
         start = self.value_rule([self.doc.root_sub], "#", depth=0)
         while self._queue:
             name, subs, pointer, depth = self._queue.popleft()
-            self.at_depth(depth)
+            self.layout = Layout.at(self.layout.ws, self.layout.indent, depth)
             shapes = self.shapes_of(subs)
             if not shapes:
                 self.unsat(*self.norm.last_unsat)
-            self.rules[name] = alt(*[self.shape_ir(sh) for sh in shapes])
-        self.rules["start"] = start if isinstance(start, Ref) else start
-        grammar = Grammar(self.rules, "start", tuple(self.notes))
+            self.sink.define(name, alt(*[self.shape_ir(sh) for sh in shapes]))
+        rules = self.sink.rules
+        rules["start"] = start
+        grammar = Grammar(rules, "start", tuple(self.notes))
         self._check_productive(grammar)
         if self.options.max_recursion_depth is not None:
             from constrain.grammars.json_schema.recursion import bound_recursion
 
-            grammar = Grammar(bound_recursion(self.rules, self.options.max_recursion_depth), "start", grammar.notes)
+            grammar = Grammar(bound_recursion(rules, self.options.max_recursion_depth), "start", grammar.notes)
         return grammar
 
     # ------------------------------------------------------------------ validation oracle
@@ -330,17 +258,18 @@ class Translator:
         if "array" in types:
             from constrain.grammars.json_schema.arrays import array_ir
 
-            parts.append(array_ir(self, sh))
+            parts.append(array_ir(self, self.layout, self.sink, sh))
         if "object" in types:
             from constrain.grammars.json_schema.objects import object_ir
 
-            parts.append(object_ir(self, sh))
+            parts.append(object_ir(self, self.layout, self.sink, sh))
         node = alt(*parts)
         if sh.excluded and node != NOTHING:
             try:
-                if self.indent is not None and any(isinstance(v, (list, dict)) and v for v in sh.excluded):
+                lay = self.layout
+                if lay.indent is not None and any(isinstance(v, (list, dict)) and v for v in sh.excluded):
                     raise Incomplete()
-                banned = alt(*[complete_value_ir(v, self.ws, self.comma, self.colon) for v in sh.excluded])
+                banned = alt(*[complete_value_ir(v, lay.ws, lay.comma, lay.colon) for v in sh.excluded])
             except Incomplete:
                 raise SchemaError("cannot enforce 'not' of an object value with several keys", sh.pointer, "not") from None
             node = intersect(node, complement(banned))
@@ -351,13 +280,14 @@ class Translator:
     def value_literal(self, v: Any, sh: Shape | None = None, depth: int | None = None) -> Node:
         """``v`` as generated (at ``depth``, default the current one); ``2.0`` for ``2`` too unless
         draft-04's integer type would reject it."""
-        if self.indent is not None and isinstance(v, (list, dict)) and v:
-            pad = b" " * (self.indent * (self.depth if depth is None else depth))
-            return literal(json_text(v, indent=self.indent).replace(b"\n", b"\n" + pad))
+        lay = self.layout
+        if lay.indent is not None and isinstance(v, (list, dict)) and v:
+            pad = b" " * (lay.indent * (lay.depth if depth is None else depth))
+            return literal(json_text(v, indent=lay.indent).replace(b"\n", b"\n" + pad))
         fraction = not self.doc.draft4
         if not fraction and sh is not None and is_integral(v):
             fraction = self.norm.valid_shape(float(v), sh) is True
-        return value_ir(v, self.ws, self.comma, self.colon, fraction)
+        return value_ir(v, lay.ws, lay.comma, lay.colon, fraction)
 
     def number_part(self, sh: Shape, integer: bool) -> Node:
         exponent_free = bool(sh.multiples or sh.excluded or sh.non_integer)
@@ -375,13 +305,14 @@ class Translator:
                                   sh.pointer + "/multipleOf", "multipleOf")
             rules, start = built
             for k, v in rules.items():
-                self.rules.setdefault(k, v)
+                self.sink.shared(k, v)
             node = intersect(node, seq(optional(MINUS), start))
         return node
 
     def string_body(self, sh: Shape, canonical: bool = False) -> Node:
         """The inside of a JSON string satisfying the string keywords of ``sh``."""
-        char = self.shared("json-key-char", ANY_CANONICAL_CHAR) if canonical else self.shared("json-char", ANY_JSON_CHAR)
+        char = (self.sink.shared("json-key-char", ANY_CANONICAL_CHAR) if canonical
+                else self.sink.shared("json-char", ANY_JSON_CHAR))
         parts = [repeat(char, sh.min_length, sh.max_length)]
         for pat, where in sh.patterns:
             parts.append(self.pattern_ir(pat, where, canonical))
@@ -434,49 +365,38 @@ class Translator:
 
     # ------------------------------------------------------------------ shared rules
 
-    def shared(self, name: str, node: Node) -> Node:
-        """A reference to a rule holding a big constant node (hashing and walking it once, not per use)."""
-        if name not in self.rules:
-            self.rules[name] = node
-            self._taken.add(name)
-        return ref(name)
-
     def any_value(self, depth: int | None = None) -> Node:
         """Any JSON value (nested ``depth`` containers deep with ``indent``; default: a member)."""
-        depth = self.depth + 1 if depth is None else depth
-        if self.indent is None:
+        depth = self.layout.depth + 1 if depth is None else depth
+        if self.layout.indent is None:
             name, child = "any", "any"
         else:
             if depth > MAX_INDENT_DEPTH:
                 return NOTHING
             name, child = f"any@{depth}", f"any@{depth + 1}"
-        if name in self.rules:
+        if name in self.sink:
             return ref(name)
-        self.rules[name] = NOTHING
-        self._taken.add(name)
-        self._value_names.add(name)
-        saved = self.depth
-        if self.indent is not None:
-            self.at_depth(depth)
-        scalars = [literal("null"), literal("true"), literal("false"), ANY_NUMBER,
-                   seq(literal('"'), repeat(self.shared("json-char", ANY_JSON_CHAR)), literal('"'))]
-        if self.indent is not None and depth == MAX_INDENT_DEPTH:
-            self.rules[name] = alt(*scalars, literal("[]"), literal("{}"))
+        sink = self.sink
+        sink.define(name, NOTHING, value=True)  # a placeholder while its members refer to it
+        lay = Layout.at(self.layout.ws, self.layout.indent, depth)
+        chars = repeat(sink.shared("json-char", ANY_JSON_CHAR))
+        scalars = [literal("null"), literal("true"), literal("false"), ANY_NUMBER, seq(literal('"'), chars, literal('"'))]
+        if lay.indent is not None and depth == MAX_INDENT_DEPTH:
+            sink.define(name, alt(*scalars, literal("[]"), literal("{}")))
         else:
-            member = seq(literal('"'), repeat(self.shared("json-char", ANY_JSON_CHAR)), literal('"'), self.colon,
-                         ref(child))
-            self.rules[name] = alt(
+            member = seq(literal('"'), chars, literal('"'), lay.colon, ref(child))
+            sink.define(name, alt(
                 *scalars,
-                self.container("[", optional(seq(ref(child), repeat(seq(self.comma, ref(child))))), "]"),
-                self.container("{", optional(seq(member, repeat(seq(self.comma, member)))), "}"),
-            )
-        if self.indent is not None:
-            self.at_depth(saved)
+                lay.container("[", optional(seq(ref(child), repeat(seq(lay.comma, ref(child))))), "]",
+                              sink.surely_nonempty),
+                lay.container("{", optional(seq(member, repeat(seq(lay.comma, member)))), "}", sink.surely_nonempty),
+            ))
+        if lay.indent is not None:
             self.any_value(depth + 1)
         return ref(name)
 
     def any_list(self) -> Node:
-        return optional(seq(self.any_value(), repeat(seq(self.comma, self.any_value()))))
+        return optional(seq(self.any_value(), repeat(seq(self.layout.comma, self.any_value()))))
 
     # ------------------------------------------------------------------ finishing
 
@@ -487,4 +407,4 @@ class Translator:
             for pointer, why in self._unsat.items():
                 reason, where = why, pointer
                 break
-            raise SchemaError(f"schema is unsatisfiable: {reason}", where)
+            raise UnsatisfiableSchemaError(f"schema is unsatisfiable: {reason}", where)
