@@ -116,10 +116,10 @@ class GraphStep:
         each row's logits after its last token into the step buffers."""
         run = self.runner
         logits = run.verify_forward([s.pending for s in old], [s.length for s in old])
-        last = torch.as_tensor([len(s.pending) - 1 for s in old], device=run.device)
+        last, pos = self._upload([[len(s.pending) - 1 for s in old], [s.length + len(s.pending) - 1 for s in old]])
         n = len(old)
         run.logits[:n] = logits[torch.arange(n, device=run.device), last]
-        run.pos[:n] = torch.as_tensor([s.length + len(s.pending) - 1 for s in old], device=run.device)
+        run.pos[:n] = pos
 
     def _prefill(self, new: list[Row], lo: int) -> None:
         run = self.runner
@@ -234,16 +234,20 @@ class GraphStep:
         self._patch(rows, [self._gid[r] for r in rows])
 
     def _patch(self, rows: list[int], states: list[int]) -> None:
-        """GPU states of ``rows`` <- ``states``, queued behind the forward. One copy from pinned
-        memory, not blocking: a pageable copy waits for the stream, which would hold the host's
-        per-row work of this step (the budget checks, the next patch) until the forward ends."""
+        """GPU states of ``rows`` <- ``states``, queued behind the forward."""
         if rows:
-            run = self.runner
-            pair = torch.tensor([rows, states], dtype=torch.int32)
-            if run.device.type == "cuda":
-                pair = pair.pin_memory()
-            pair = pair.to(run.device, non_blocking=True)
-            run.states[pair[0]] = pair[1]
+            idx, val = self._upload([rows, states], torch.int32)
+            self.runner.states[idx] = val
+
+    def _upload(self, lists: list[list[int]], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        """Equal-length host lists as one device tensor, copied from pinned memory without
+        blocking: a pageable copy waits for the stream, which would hold this step's host work
+        (the budget checks, the next patch) until the forward queued before it ends."""
+        run = self.runner
+        host = torch.tensor(lists, dtype=dtype)
+        if run.device.type == "cuda":
+            host = host.pin_memory()
+        return host.to(run.device, non_blocking=True)
 
     def move_rows(self, moves: list[tuple[int, int, int]], live: int) -> None:
         self._resolve_pending()  # pending misses name rows by their index before the move
