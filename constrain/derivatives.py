@@ -229,6 +229,8 @@ class ExprTable:
         return self._flag(self._new(K_SEQ, (a, b), nullable, self._boolean[a] or self._boolean[b]), (a, b))
 
     def _mk_alt(self, items: Sequence[int]) -> int:
+        if len(items) == 1 and self._kind[items[0]] != K_ALT:
+            return items[0]  # what the rest would build (most calls: a sequence's derivative by its head)
         flat: set[int] = set()
         mask = 0
         for i in items:
