@@ -89,6 +89,9 @@ class GraphRunner:
         self._table_gen: tuple[int, int] | None = None
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.captures = 0  # graphs captured so far (a benchmark checks none happen while timing)
+        # (rows, tokens per row) -> ms of one replay of that forward, timed once when captured
+        # (the forward graph is width 1): the step-time table of the batch verify width
+        self.step_ms: dict[tuple[int, int], float] = {}
 
     @property
     def max_len(self) -> int:
@@ -100,6 +103,15 @@ class GraphRunner:
         while b < need:
             b *= 2
         return min(b, self.max_len)
+
+    def step_time(self, rows: int, width: int) -> float | None:
+        """Time of a verification forward of ``width`` tokens per row over ``rows`` rows against
+        a plain step's forward, both measured in their buckets; None until both were captured
+        (``Scheduler`` then uses its default model)."""
+        bucket = batch_bucket(rows)
+        tokens = next((w for w in WIDTH_BUCKETS if w >= width), None)
+        plain, wide = self.step_ms.get((bucket, 1)), self.step_ms.get((bucket, tokens or 0))
+        return wide / plain if plain and wide is not None else None
 
     # -- the step bodies (eager on CPU, captured on CUDA) -------------------------------------
     def _forward(self, rows: int, length: int) -> None:
@@ -217,6 +229,7 @@ class GraphRunner:
             key = ("fwd", rows, length)
             if key not in self._graphs:
                 self._graphs[key] = self._capture(lambda length=length: self._forward(rows, length))
+                self._timed_replay(key)
 
     def fetch(self, rows: int) -> torch.Tensor:
         """(3, rows) int64 on the host: sampled token, state after, miss flag. Synchronises."""
@@ -232,7 +245,21 @@ class GraphRunner:
         graph = self._graphs.get(key)
         if graph is None:
             graph = self._graphs[key] = self._capture(fn)
+            if key[0] in ("fwd", "verify"):
+                self._timed_replay(key)
+                return
         graph.replay()
+
+    def _timed_replay(self, key: tuple) -> None:
+        """Replay a forward graph once, timed into ``step_ms`` (the first length of a (rows,
+        width) bucket stands for all: one synchronisation per bucket, at capture, never later).
+        A forward graph only reads the step inputs, so replaying it is what the step does."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        self._graphs[key].replay()
+        end.record()
+        end.synchronize()
+        self.step_ms.setdefault((key[1], key[2] if key[0] == "verify" else 1), start.elapsed_time(end))
 
     def _capture(self, fn) -> torch.cuda.CUDAGraph:
         """Warm up (Triton JIT, cuBLAS plans) on a side stream, then capture. The warm-up really

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from constrain import Vocabulary, allocate_token_bitmask
-from constrain.engine.speculative import SpeculativeConfig, choose_draft_length
+from constrain.engine.speculative import SpeculativeConfig, choose_draft_length, choose_width, prefix_survival
 from constrain.engine.types import GenerationRequest, GenerationResult
 
 logger = logging.getLogger("constrain")
@@ -303,15 +303,15 @@ class Scheduler:
             self._masks = allocate_token_bitmask(self.backend.max_rows * positions, self.vocab.vocab_size).view(
                 self.backend.max_rows, positions, -1)
         flat = self._masks.view(-1, self._masks.shape[-1]).numpy()  # numpy: cheap per-element access
-        drafted = False
         for i, s in enumerate(batch):
             try:
                 self._draft(s, flat, i * positions, positions - 1)
             except Exception as exc:  # a broken matcher ends its own request, not the batch
                 self._fail(s, f"drafting raised {type(exc).__name__}: {exc}")
                 s.draft, s.draft_kind = [], []
-            drafted = drafted or bool(s.draft)
-        if not drafted:
+        if cfg.batch_width:
+            self._cut_to_width(batch)
+        if not any(s.draft for s in batch):
             return None
         width = 1 + max(len(s.draft) for s in batch)
         return self._masks[: len(batch), :width]
@@ -388,6 +388,52 @@ class Scheduler:
             if walked:
                 m.rollback(walked)
 
+    def _cut_to_width(self, batch: list[Row]) -> None:
+        """Cut every row's draft to the verify width ``speculative.choose_width`` picks for the
+        batch: per row the chance each prefix survives (its acceptance rate of the drafter that
+        proposed each token, forced text 1.0), per width the step's time (``_step_time``)."""
+        longest = max(len(s.draft) for s in batch)
+        if not longest:
+            return
+        cuts = [[self._safe_cut(s, w) for w in range(longest + 1)] for s in batch]
+        gains = []
+        for s, cut in zip(batch, cuts):
+            survive = prefix_survival([1.0 if k == FORCED else s.rates.get(k, 1.0) for k in s.draft_kind])
+            gains.append([1.0 + sum(survive[:c]) for c in cut])
+        times = [self._step_time(batch, [cut[w] for cut in cuts]) for w in range(longest + 1)]
+        w = choose_width(gains, times)
+        for s, cut in zip(batch, cuts):
+            c = cut[w]
+            if c < len(s.draft):
+                # cut just before a forced run: the plain path forces it after the draft, no bonus
+                s.draft_bonus = c == 0 or s.draft_kind[c] != FORCED
+                s.draft, s.draft_kind = s.draft[:c], s.draft_kind[:c]
+
+    @staticmethod
+    def _safe_cut(s: Row, w: int) -> int:
+        """``s``'s draft length when cut to at most ``w`` tokens, never inside forced text riding
+        along: the plain path appends a forced run whole (tokenized as one), so a verified part
+        of one followed by a re-forced rest could tokenize differently."""
+        kinds = s.draft_kind
+        c = min(w, len(kinds))
+        while 0 < c < len(kinds) and kinds[c - 1] == FORCED and kinds[c] == FORCED:
+            c -= 1
+        return c
+
+    def _step_time(self, batch: list[Row], cut: list[int]) -> float:
+        """Time of a step forwarding each row's pending tokens and its draft cut to ``cut``, a
+        one-token plain step's being 1: the backend's measured table where it has this bucket
+        (``GraphRunner.step_time``: each captured forward timed once; pending forced text makes
+        even a plain step a several-token pass there), else the default model
+        1 + cost * (longest draft)."""
+        width = max(len(s.pending) + c for s, c in zip(batch, cut))
+        if width == 1:
+            return 1.0
+        table = getattr(getattr(self.backend, "runner", None), "step_time", None)
+        t = table(len(batch), width) if table is not None else None
+        assert self.speculative is not None
+        return t if t is not None else 1.0 + self.speculative.cost * max(cut)
+
     def _forced_run(self, s: Row, ahead: int) -> list[int]:
         """The forced tokens a plain step appends at ``s``'s (walked) state, ``ahead`` tokens on."""
         req, m = s.request, s.matcher
@@ -422,9 +468,9 @@ class Scheduler:
         s.proposed += sum(k != FORCED for k in kinds)
         s.accepted += sum(k != FORCED for k in kinds[:n_acc])
         s.forced += sum(k == FORCED for k in kinds[:n_acc])
-        for i, drafter in enumerate(self._drafters):
+        for i in range(len(self._drafters)):
             looked = sum(k == i for k in kinds)
-            if drafter.adaptive and looked:
+            if looked:  # every drafter's rate: the batch width weighs each token by it
                 hit = sum(k == i for k in kinds[:n_acc])
                 rate = 1.0 if hit == looked else hit / (hit + 1)  # per-token rate, from a censored run
                 s.rates[i] = RATE_DECAY * s.rates.get(i, 1.0) + (1 - RATE_DECAY) * rate

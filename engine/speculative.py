@@ -112,7 +112,10 @@ class SpeculativeConfig:
     ``max_draft`` bounds the tokens drafters propose per row and step (forced text the plain
     path would append rides along on top); ``adaptive`` lets each row's acceptance rate of an
     adaptive drafter choose how many of its tokens to verify (``cost``: verifying one more token,
-    relative to a step). ``mask_drafts=False`` leaves drafts uncut by the constraint (a forbidden
+    relative to a step). ``batch_width`` cuts every row's draft to one verify width chosen for the
+batch (``choose_width``): from the step-time table the backend measured (the graph runner times
+each captured bucket), else the default model ``1 + cost * W``. Exact either way: verification
+of a shorter draft emits what plain steps would. ``mask_drafts=False`` leaves drafts uncut by the constraint (a forbidden
     draft token is then rejected by verification): only for measuring what masking drafts buys."""
 
     drafters: tuple[str | Drafter, ...] = DRAFTERS
@@ -120,6 +123,7 @@ class SpeculativeConfig:
     max_ngram: int = 3
     adaptive: bool = True
     cost: float = 0.1
+    batch_width: bool = True
     mask_drafts: bool = True
 
     def __post_init__(self) -> None:
@@ -209,6 +213,35 @@ def choose_draft_length(rate: float, max_k: int, cost: float) -> int:
         if value > best:
             best_k, best = k, value
     return best_k
+
+
+def prefix_survival(estimates: Sequence[float]) -> list[float]:
+    """The chance each draft prefix is accepted whole, from per-position acceptance estimates:
+    running products, since verification stops at the first rejection (position j emits a
+    token only if every position before it was accepted)."""
+    out, p = [], 1.0
+    for e in estimates:
+        p *= e
+        out.append(p)
+    return out
+
+
+def choose_width(gains: Sequence[Sequence[float]], step_time: Sequence[float]) -> int:
+    """How many draft tokens per row the batch verifies: the W maximising
+    sum_r gains[r][W] / step_time[W], the smallest W on ties (deterministic; W = 0 is a plain step).
+
+    ``gains[r][w]``: the tokens row r is expected to emit with its draft cut to w tokens (1, the
+    sampled token, plus its prefix survival chances up to w); ``step_time[w]``: the time of a step
+    verifying w tokens per row (``step_time[0]``: a plain step). Why one width for the batch: the
+    verification forward is as wide as its longest row, so each row's own best length (what
+    ``choose_draft_length`` picks) does not add up: at a large batch one row's long draft makes
+    every row pay for a wide step, while most rows accept little of theirs."""
+    best_w, best = 0, -1.0
+    for w, t in enumerate(step_time):
+        value = sum(g[w] for g in gains) / t
+        if value > best:
+            best_w, best = w, value
+    return best_w
 
 
 def verify(

@@ -32,8 +32,16 @@ from constrain.engine.graph_runner import GraphRunner
 from constrain.engine.model import LoadedModel
 from constrain.engine.runner import EagerStep, ModelRunner
 from constrain.engine.sampler import SamplingParams
-from constrain.engine.scheduler import Row, Scheduler
-from constrain.engine.speculative import LookupDrafter, NgramIndex, SpeculativeConfig, choose_draft_length, verify
+from constrain.engine.scheduler import FORCED, Row, Scheduler
+from constrain.engine.speculative import (
+    LookupDrafter,
+    NgramIndex,
+    SpeculativeConfig,
+    choose_draft_length,
+    choose_width,
+    prefix_survival,
+    verify,
+)
 from constrain.engine.types import GenerationRequest
 from constrain.kernels import verify_draft_ref
 
@@ -547,6 +555,44 @@ def test_draft_length_grows_with_acceptance_and_shrinks_with_cost() -> None:
     ks = [choose_draft_length(rate, 5, 0.1) for rate in (0.0, 0.2, 0.5, 0.8, 0.95)]
     assert ks == sorted(ks) and ks[0] == 0 and ks[-1] == 5
     assert choose_draft_length(0.8, 5, 2.0) < choose_draft_length(0.8, 5, 0.05)
+
+
+@pytest.mark.parametrize(("times", "want"), [
+    ([1.0, 1.1, 1.2, 1.3], 3),  # cheap width: (2, 3.0, 3.82, 4.55) / t = 2, 2.73, 3.18, 3.50
+    ([1.0, 1.2, 1.9, 2.6], 1),  # 2, 2.50, 2.01, 1.75
+    ([1.0, 2.0, 3.0, 4.0], 0),  # a verify step costs more than its tokens: 2, 1.50, 1.27, 1.14
+])
+def test_batch_width_maximises_expected_tokens_per_step_time(times: list[float], want: int) -> None:
+    """Two rows, rates 0.9 and 0.1 over three draft tokens: survivals (0.9, 0.81, 0.729) and
+    (0.1, 0.01, 0.001), so the batch emits 2, 3.0, 3.82, 4.55 tokens at W = 0..3."""
+    survive = [prefix_survival([0.9] * 3), prefix_survival([0.1] * 3)]
+    assert survive[0] == pytest.approx([0.9, 0.81, 0.729])
+    gains = [[1.0 + sum(p[:w]) for w in range(4)] for p in survive]
+    assert choose_width(gains, times) == want
+    assert choose_width([[1.0] * 4] * 2, [1.0] * 4) == 0  # ties (nothing survives): the plain step
+
+
+def test_batch_width_never_cuts_inside_forced_text() -> None:
+    row = Row(0, None, None, 0, 10, [1])  # type: ignore[arg-type]
+    row.draft_kind = [1, FORCED, FORCED, 1]
+    assert [Scheduler._safe_cut(row, w) for w in range(6)] == [0, 1, 1, 3, 4, 4]
+
+
+def test_step_time_table_is_relative_to_the_plain_forward() -> None:
+    run = object.__new__(GraphRunner)  # only the table: no model needed
+    run.step_ms = {(32, 1): 2.0, (32, 8): 3.0, (4, 2): 1.0}
+    assert run.step_time(20, 5) == 1.5  # rows bucket 32, tokens bucket 8
+    assert run.step_time(20, 9) is None and run.step_time(3, 2) is None  # not measured
+
+
+def test_costly_verification_falls_back_to_plain_steps() -> None:
+    """With verification priced far above its tokens the batch width is 0 every step: no draft
+    is verified, and the output is still plain decoding's."""
+    eng = tiny_engine()
+    reqs = _schema_requests(10, seed=3)
+    got = _run(eng, reqs, SpeculativeConfig(cost=100.0))
+    _same(_run(eng, reqs, None), got)
+    assert sum(r.draft_tokens for r in got) == 0
 
 
 def test_config_parse() -> None:
