@@ -109,10 +109,12 @@ def same(a: Any, b: Any) -> bool:
 
 
 def score(item: Item, text: str, finish_reason: str) -> dict[str, Any]:
-    """One output's row: finished, parsed, schema-valid, fields right (of the reference's), exact, invented."""
+    """One output's row: finished, parsed, schema-valid, fields right (of the reference's), exact, invented,
+    and the output itself beside its reference (``--jsonl`` keeps them, to read what a user would)."""
     ref = dict(leaves(item.reference))
     row: dict[str, Any] = {"id": item.id, "finished": finish_reason == "stop", "parsed": False, "valid": False,
-                           "fields": len(ref), "right": 0, "exact": False, "invented": False}
+                           "fields": len(ref), "right": 0, "exact": False, "invented": False,
+                           "text": text, "reference": item.reference}
     try:
         out = json.loads(text)
     except json.JSONDecodeError:
