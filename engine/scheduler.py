@@ -242,16 +242,22 @@ class Scheduler:
         """``s``'s matcher's mask into ``bitmask`` row ``row``, budget-aware near the end.
 
         When even the close is impossible (a budget smaller than the shortest document) the
-        budget mask is empty: the plain mask is used and the request ends with "length".
+        budget mask is empty: the plain mask is used and the request ends with "length". A
+        matcher that raises fails its own request (the row's mask left empty; the step discards
+        the row's token), not the batch.
         """
         m = s.matcher
-        left = self.budget_left(s, ahead)
-        if left is None:
-            m.fill_next_token_bitmask(bitmask, row)
-            return
-        m.fill_next_token_bitmask(bitmask, row, tokens_left=left)
-        if not bool(bitmask[row].any()):
-            m.fill_next_token_bitmask(bitmask, row)
+        try:
+            left = self.budget_left(s, ahead)
+            if left is None:
+                m.fill_next_token_bitmask(bitmask, row)
+                return
+            m.fill_next_token_bitmask(bitmask, row, tokens_left=left)
+            if not bool(bitmask[row].any()):
+                m.fill_next_token_bitmask(bitmask, row)
+        except Exception as exc:  # a broken matcher ends its own request, not the batch
+            self._fail(s, f"the constraint raised {type(exc).__name__}: {exc} filling its mask")
+            bitmask[row] = 0
 
     def _advance(self, s: Row, tokens: list[int]) -> None:
         """Accept a step's tokens in order (one sampled token, or a verified draft's), then

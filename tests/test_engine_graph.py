@@ -150,6 +150,19 @@ class _Empty(_Refusing):
         bitmask[row].zero_()
 
 
+class _RaisingFill(_Refusing):
+    """A broken matcher whose mask fill raises after a few tokens."""
+
+    def fill_next_token_bitmask(self, bitmask, row=0, **kw):
+        if self.left < 0:
+            raise RuntimeError("broken fill")
+        self.inner.fill_next_token_bitmask(bitmask, row, **kw)
+
+    def accept_token(self, token: int) -> bool:
+        self.left -= 1
+        return self.inner.accept_token(token)
+
+
 @pytest.mark.parametrize("path", ["eager", "table", "host"])
 def test_a_broken_matcher_fails_only_its_own_request(path: str) -> None:
     eng = engine()
@@ -157,14 +170,16 @@ def test_a_broken_matcher_fails_only_its_own_request(path: str) -> None:
     digits = healthy[1].grammar
     refusing = GenerationRequest(healthy[1].prompt_ids, digits, max_tokens=6, matcher=_Refusing(digits.matcher(), 1))
     empty = GenerationRequest(healthy[1].prompt_ids, None, max_tokens=6, matcher=_Empty(digits.matcher(), 9))
-    reqs = [healthy[0], refusing, healthy[2], empty, healthy[3]]
+    raising = GenerationRequest(healthy[1].prompt_ids, None, max_tokens=6, matcher=_RaisingFill(digits.matcher(), 1))
+    reqs = [healthy[0], refusing, healthy[2], empty, raising, healthy[3]]
     got = _eager(eng, reqs) if path == "eager" else _graph(eng, reqs, table=path == "table")[0]
     alone = _eager(eng, [healthy[0], healthy[2], healthy[3]])
     assert [r.finish_reason for r in got] == [alone[0].finish_reason, "error", alone[1].finish_reason, "error",
-                                              alone[2].finish_reason]
-    assert "refused token" in got[1].error and "empty mask" in got[3].error
+                                              "error", alone[2].finish_reason]
+    assert "refused token" in got[1].error and "empty mask" in got[3].error and "broken fill" in got[4].error
     assert len(got[1].token_ids) == 1 and not got[1].valid
-    assert [r.token_ids for r in (got[0], got[2], got[4])] == [r.token_ids for r in alone]
+    assert len(got[4].token_ids) == 2  # two tokens accepted, then the third mask raised
+    assert [r.token_ids for r in (got[0], got[2], got[5])] == [r.token_ids for r in alone]
 
 
 def test_bad_requests_fail_alone() -> None:
