@@ -14,8 +14,8 @@ budget-aware close included), cuts the draft at the first token the mask forbids
 always respect the constraint), and rolls the matcher back. The step backend forwards pending +
 draft in one ragged pass; ``verify`` masks every position, verifies greedy rows by one masked
 argmax over the whole batch (``kernels.masked_argmax``: accepted iff the draft is the argmax)
-and sampled rows by ``kernels.verify_draft`` (torch twins on CPU). Rejected positions are simply not counted in the row's length, so the
-next forward overwrites their KV entries.
+and sampled rows by ``kernels.verify_draft`` (torch twins on CPU). Rejected positions are simply
+not counted in the row's length, so the next forward overwrites their KV entries.
 """
 
 from __future__ import annotations
@@ -113,10 +113,11 @@ class SpeculativeConfig:
     path would append rides along on top); ``adaptive`` lets each row's acceptance rate of an
     adaptive drafter choose how many of its tokens to verify (``cost``: verifying one more token,
     relative to a step). ``batch_width`` cuts every row's draft to one verify width chosen for the
-batch (``choose_width``): from the step-time table the backend measured (the graph runner times
-each captured bucket), else the default model ``1 + cost * W``. Exact either way: verification
-of a shorter draft emits what plain steps would. ``mask_drafts=False`` leaves drafts uncut by the constraint (a forbidden
-    draft token is then rejected by verification): only for measuring what masking drafts buys."""
+    batch (``choose_width``): from the step-time table the backend measured (the graph runner times
+    each captured bucket), else the default model ``1 + cost * W``. Exact either way: verification
+    of a shorter draft emits what plain steps would. ``mask_drafts=False`` leaves drafts uncut by
+    the constraint (a forbidden draft token is then rejected by verification): only for measuring
+    what masking drafts buys."""
 
     drafters: tuple[str | Drafter, ...] = DRAFTERS
     max_draft: int = 5
