@@ -68,31 +68,14 @@ class TokenAutomaton:
         return self.table.nullable(state)
 
     def next_state(self, state: int, token: int) -> int:
-        """The state after ``token``, or -1 when the mask forbids it (stop tokens excluded).
-
-        A state without a row takes the derivative by the one byte: the states inside a token,
-        and a union's (its mask is built from its members), are rarely walked from, and a row
-        derives every byte class.
-        """
+        """The state after ``token``, or -1 when the mask forbids it (stop tokens excluded)."""
         if not 0 <= token < len(self.token_bytes):
             return -1
         data = self.token_bytes[token]
         if not data:
             return -1
-        table = self.table
-        s = state
-        for b in data:
-            done = table.row_done
-            if s < len(done) and done[s]:
-                s = int(table.rows[s, b])
-            else:
-                with table.work():  # the same entry the row would hold: live derivatives only
-                    s = table.derive(s, b)
-                    if s != NOTHING and not table.is_live(s):
-                        s = NOTHING
-            if s == NOTHING:
-                return -1
-        return s
+        s = self.table.step_bytes(state, data)
+        return -1 if s == NOTHING else s
 
     def mask(self, state: int) -> np.ndarray:
         """The allowed-token bitmask words (int32) of ``state``, stop tokens included."""
@@ -222,13 +205,4 @@ class TokenAutomaton:
 
     def forced_bytes(self, state: int) -> bytes:
         """The bytes every valid continuation of ``state`` starts with (jump-forward text)."""
-        out = bytearray()
-        s = state
-        while len(out) < MAX_FORCED_BYTES and not self.table.nullable(s):
-            row = self.table.row(s)
-            live = np.nonzero(row)[0]
-            if len(live) != 1:
-                break
-            out.append(int(live[0]))
-            s = int(row[live[0]])
-        return bytes(out)
+        return self.table.forced_bytes(state, MAX_FORCED_BYTES)

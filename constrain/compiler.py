@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from constrain import native_derivatives
 from constrain.arguments import check_index, check_instance, check_int
 from constrain.automaton import TokenAutomaton
 from constrain.budget import DEFAULT_BUDGET, CompileBudget
@@ -23,6 +24,7 @@ from constrain.derivatives import ExprTable
 from constrain.grammars import ir
 from constrain.grammars.errors import GrammarError, UnsatisfiableError
 from constrain.matcher import TERMINATED, Matcher
+from constrain.native_derivatives import NativeExprTable
 from constrain.vocabulary import Vocabulary
 
 # What a context keeps by default: a 131k-token trie is ~20 MB, a compiled grammar megabytes.
@@ -39,7 +41,7 @@ class CompiledGrammar:
     """
 
     def __init__(self, grammar: ir.Grammar, vocab: Vocabulary, *, budget: CompileBudget,
-                 shared: ByteBudgetCache, signatures: Signatures) -> None:
+                 shared: ByteBudgetCache, signatures: Signatures, native: bool | None = None) -> None:
         if not vocab.eos_token_ids:
             raise GrammarError(
                 "vocabulary has no stop (EOS) token: a constrained sequence could never end; "
@@ -48,8 +50,10 @@ class CompiledGrammar:
         self.grammar = grammar
         self.vocab = vocab
         self.budget = budget
-        table = ExprTable(grammar, budget=budget, signatures=signatures)
-        self._automaton = TokenAutomaton(table, vocab, shared)
+        if native is None:
+            native = native_derivatives.available()
+        table = (NativeExprTable if native else ExprTable)(grammar, budget=budget, signatures=signatures)
+        self._automaton = TokenAutomaton(table, vocab, shared, native=None if native else False)
         start = self.initial_state
         if not table.row(start).any() and not self.is_accepting(start):
             raise UnsatisfiableError("constraint is unsatisfiable: no document satisfies it")
@@ -126,12 +130,20 @@ class GrammarCompiler:
     ``max_cache_bytes`` bounds what the context keeps (compiled grammars, tries, shared walks);
     past it the least recently used entries go. ``budget`` is the default ``CompileBudget`` of
     each compile (10 s, 2 GiB); every ``compile_*`` also takes its own. Grammars it compiled keep
-    working after eviction or ``clear()``: the context only stops holding them.
+    working after eviction or ``clear()``: the context only stops holding them. ``native``: the
+    automaton's core, C++ (``constrain._core``; None: where it is built) or, with False, its
+    Python reference twin (``constrain.derivatives`` and the numpy trie walks).
     """
 
-    def __init__(self, *, max_cache_bytes: int = DEFAULT_CACHE_BYTES, budget: CompileBudget | None = None) -> None:
+    def __init__(self, *, max_cache_bytes: int = DEFAULT_CACHE_BYTES, budget: CompileBudget | None = None,
+                 native: bool | None = None) -> None:
         if isinstance(max_cache_bytes, bool) or not isinstance(max_cache_bytes, int) or max_cache_bytes < 0:
             raise ValueError(f"GrammarCompiler(max_cache_bytes) must be a non-negative int, got {max_cache_bytes!r}")
+        if native is not None and not isinstance(native, bool):
+            raise TypeError(f"GrammarCompiler(native) must be None, True or False, got {native!r}")
+        if native and not native_derivatives.available():
+            raise ValueError("GrammarCompiler(native=True): constrain._core is not built (pip install . builds it)")
+        self.native = native
         self.budget = self._check_budget(budget, "GrammarCompiler(budget)", DEFAULT_BUDGET)
         self._cache = ByteBudgetCache(max_bytes=max_cache_bytes)
 
@@ -200,7 +212,8 @@ class GrammarCompiler:
 
     def _compile(self, grammar: ir.Grammar, vocab: Vocabulary, budget: CompileBudget) -> CompiledGrammar:
         signatures: Signatures = self._cache.get_or_make(_SIGNATURES_KEY, Signatures)
-        return CompiledGrammar(grammar, vocab, budget=budget, shared=self._cache, signatures=signatures)
+        return CompiledGrammar(grammar, vocab, budget=budget, shared=self._cache, signatures=signatures,
+                               native=self.native)
 
     def _cached(self, key: tuple[Hashable, ...], build: Callable[[], CompiledGrammar]) -> CompiledGrammar:
         return self._cache.get_or_make(("grammar", *key), build)

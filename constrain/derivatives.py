@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -375,34 +375,12 @@ class ExprTable:
 
     def signature(self, e: int) -> int | None:
         """An id of ``e``'s structure, equal across the grammars sharing ``self.signatures``;
-        None if it uses rules.
+        None if it uses rules (see ``structure_signature``)."""
+        return structure_signature(self, e, self._sigs)
 
-        Lets grammars share work on identical pieces (every JSON string body, number, key set
-        of every schema compiled for one vocabulary), as DESIGN.md asks of common terminals.
-        """
-        if e in self._sigs:
-            return self._sigs[e]
-        k, a = self._kind[e], self._args[e]
-        if k in (K_REF, K_UNORDERED):
-            out = None
-        elif k == K_FRAME:
-            out = self.signature(a[0])  # frames are transparent
-        elif k in (K_ALT, K_AND):
-            members = [self.signature(m) for m in a[0]]
-            out = None if None in members else self.signatures.intern((k, tuple(sorted(members))))
-        elif k == K_SEQ:  # folded from the right along the spine, as if by recursion
-            parts = [self.signature(m) for m in self.spine(e)]
-            out = parts.pop()
-            while parts and out is not None:
-                head = parts.pop()
-                out = None if head is None else self.signatures.intern((k, head, out))
-        elif k in (K_NOT, K_REPEAT):
-            child = self.signature(a[0])
-            out = None if child is None else self.signatures.intern((k, child, *a[1:]))
-        else:
-            out = self.signatures.intern((k, *a))
-        self._sigs[e] = out
-        return out
+    def node(self, e: int) -> tuple[int, tuple]:
+        """``(kind, args)`` of expression ``e``: what ``structure_signature`` reads."""
+        return self._kind[e], self._args[e]
 
     def alternatives(self, e: int) -> tuple[int, ...] | None:
         """The members of a union state (``a | b``, an Unordered state, either one inside a frame
@@ -939,6 +917,37 @@ class ExprTable:
             self._live[s] = False
         return False
 
+    def step_bytes(self, e: int, data: bytes) -> int:
+        """The state after ``data`` through live derivatives (``NOTHING`` once it dies): rows where
+        they are filled, else the derivative by the one byte (the states inside a token are rarely
+        walked from, and a row derives every byte class)."""
+        s = e
+        for b in data:
+            done = self.row_done
+            if s < len(done) and done[s]:
+                s = int(self.rows[s, b])
+            else:
+                with self.work():  # the same entry the row would hold: live derivatives only
+                    s = self.derive(s, b)
+                    if s != NOTHING and not self.is_live(s):
+                        s = NOTHING
+            if s == NOTHING:
+                return NOTHING
+        return s
+
+    def forced_bytes(self, e: int, max_bytes: int) -> bytes:
+        """The bytes every continuation of ``e`` starts with (jump-forward text), at most ``max_bytes``."""
+        out = bytearray()
+        s = e
+        while len(out) < max_bytes and not self.nullable(s):
+            row = self.row(s)
+            live = np.nonzero(row)[0]
+            if len(live) != 1:
+                break
+            out.append(int(live[0]))
+            s = int(row[live[0]])
+        return bytes(out)
+
     # ------------------------------------------------------------------ transition rows
 
     def ensure_rows(self, states: np.ndarray | Sequence[int]) -> None:
@@ -987,6 +996,47 @@ class ExprTable:
         nullable = np.zeros(new_cap, dtype=bool)
         nullable[:cap] = self.row_nullable
         self.rows, self.row_nullable, self.row_done = rows, nullable, done
+
+
+class Structure(Protocol):
+    """What ``structure_signature`` reads of an expression table (the Python one or the C++ one)."""
+
+    signatures: Signatures
+
+    def node(self, e: int) -> tuple[int, tuple]: ...
+    def spine(self, e: int) -> list[int]: ...
+
+
+def structure_signature(table: Structure, e: int, cache: dict[int, int | None]) -> int | None:
+    """An id of ``e``'s structure, equal across the grammars sharing ``table.signatures``; None
+    if it uses rules. ``cache`` holds the table's answers so far.
+
+    Lets grammars share work on identical pieces (every JSON string body, number, key set of
+    every schema compiled for one vocabulary), as DESIGN.md asks of common terminals.
+    """
+    if e in cache:
+        return cache[e]
+    k, a = table.node(e)
+    if k in (K_REF, K_UNORDERED):
+        out = None
+    elif k == K_FRAME:
+        out = structure_signature(table, a[0], cache)  # frames are transparent
+    elif k in (K_ALT, K_AND):
+        members = [structure_signature(table, m, cache) for m in a[0]]
+        out = None if None in members else table.signatures.intern((k, tuple(sorted(members))))
+    elif k == K_SEQ:  # folded from the right along the spine, as if by recursion
+        parts = [structure_signature(table, m, cache) for m in table.spine(e)]
+        out = parts.pop()
+        while parts and out is not None:
+            head = parts.pop()
+            out = None if head is None else table.signatures.intern((k, head, out))
+    elif k in (K_NOT, K_REPEAT):
+        child = structure_signature(table, a[0], cache)
+        out = None if child is None else table.signatures.intern((k, child, *a[1:]))
+    else:
+        out = table.signatures.intern((k, *a))
+    cache[e] = out
+    return out
 
 
 def byte_flags(mask: int) -> np.ndarray:

@@ -2,13 +2,18 @@
 // constrain/automaton.py is its reference twin.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "derivatives.hpp"
 #include "packed_trie.hpp"
 
 namespace nb = nanobind;
@@ -16,6 +21,7 @@ using namespace nb::literals;
 using constrain::PackedTrie;
 using constrain::RowTable;
 using constrain::Slice;
+using constrain::ExprCore;
 
 namespace {
 
@@ -47,16 +53,33 @@ PackedTrie make_trie(const nb::sequence& token_bytes) {
     return PackedTrie(views);
 }
 
-// A Python row table (constrain.derivatives.ExprTable) seen from a walk: its arrays as a RowTable,
-// and the fill that calls table.ensure_rows with the GIL and views the (maybe reallocated) arrays
-// again. The arrays viewed are kept until the walk is over.
+// A row table seen from a walk: the C++ table (constrain._core.ExprCore), read and filled directly
+// under its mutex with no Python involved, or a Python one (constrain.derivatives.ExprTable): its
+// arrays as a RowTable, and the fill that calls table.ensure_rows with the GIL and views the (maybe
+// reallocated) arrays again. What a walk viewed is kept until the walk is over.
 class TableView {
 public:
-    explicit TableView(nb::handle table) : table_(table) { view(); }
+    explicit TableView(nb::handle table) : table_(table) {
+        if (nb::try_cast<ExprCore*>(table, core_, false) && core_ != nullptr) {
+            nb::gil_scoped_release release;  // never wait for the mutex holding the GIL: its holder may need it
+            lock_ = std::unique_lock<std::recursive_mutex>(core_->mutex());
+            snapshot_ = core_->buffers();
+            current_ = snapshot_.view();
+        } else {
+            core_ = nullptr;
+            view();
+        }
+    }
 
     RowTable rows() const { return current_; }
 
     RowTable fill(int32_t state) {
+        if (core_ != nullptr) {
+            core_->ensure_row(state);
+            snapshot_ = core_->buffers();
+            current_ = snapshot_.view();
+            return current_;
+        }
         nb::gil_scoped_acquire acquire;
         table_.attr("ensure_rows")(nb::make_tuple(state));
         view();
@@ -80,6 +103,9 @@ private:
     }
 
     nb::handle table_;
+    ExprCore* core_ = nullptr;
+    std::unique_lock<std::recursive_mutex> lock_;
+    constrain::RowBuffers snapshot_;
     RowTable current_{};
     std::vector<Rows> kept_rows_;
     std::vector<Flags> kept_flags_;
@@ -201,9 +227,390 @@ nb::ndarray<nb::numpy, uint32_t, nb::ndim<2>> nodes(const PackedTrie& trie) {
     return {data, {trie.node_count(), 2}, owner};
 }
 
+// ------------------------------------------------------------------ the expression table
+
+using constrain::ByteSet;
+using constrain::CoreError;
+
+// A call into the table: the GIL released, the table's mutex held, one unit of work (the
+// deadline of an enclosing unit, or one of its own).
+template <class F>
+auto locked(ExprCore& core, F&& f) {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::recursive_mutex> guard(core.mutex());
+    core.begin_work();
+    struct End {
+        ExprCore& c;
+        ~End() { c.end_work(); }
+    } end{core};
+    return f();
+}
+
+int32_t checked(const ExprCore& core, int64_t e, const char* what) {
+    if (e < 0 || static_cast<size_t>(e) >= core.size())
+        throw nb::index_error((std::string("ExprCore.") + what + ": no state " + std::to_string(e)).c_str());
+    return static_cast<int32_t>(e);
+}
+
+// A byte set (or any little-endian words) as a Python int.
+nb::object as_int(const uint64_t* words, size_t n) {
+    return nb::steal(_PyLong_FromByteArray(reinterpret_cast<const unsigned char*>(words), n * 8, 1, 0));
+}
+
+// A byte set held in a Python int (an IR Bytes mask), as words.
+ByteSet byte_set_of(nb::handle value) {
+    nb::bytes data = nb::borrow<nb::bytes>(value.attr("to_bytes")(32, "little"));
+    ByteSet out;
+    std::memcpy(out.data(), data.c_str(), 32);
+    return out;
+}
+
+nb::str interned(const char* name) { return nb::steal<nb::str>(PyUnicode_InternFromString(name)); }
+
+// Reads IR objects (grammars/ir.py nodes) into a table's flat arrays, children before parents,
+// without recursion; a node met before (shared subtrees, other rules) is not read again.
+class IrReader {
+public:
+    IrReader(nb::list rules, const std::vector<std::string>& names, nb::tuple classes) : rules_(std::move(rules)) {
+        if (nb::len(rules_) != names.size()) throw nb::value_error("ExprCore: one rule body per name");
+        if (nb::len(classes) != 8) throw nb::value_error("ExprCore: the 8 IR classes, in IrKind order");
+        for (size_t i = 0; i < names.size(); ++i) rule_ids_.emplace(names[i], static_cast<int32_t>(i));
+        for (size_t i = 0; i < 8; ++i) types_[i] = reinterpret_cast<PyTypeObject*>(classes[i].ptr());
+    }
+
+    // Rule r's body into `ir` (the caller holds the GIL).
+    void read_rule(constrain::FlatIr& ir, int32_t r) { ir.rule_nodes[r] = read(ir, rules_[r]); }
+
+    int32_t read(constrain::FlatIr& ir, nb::handle root) {
+        auto& index = ir.source;
+        std::vector<std::pair<nb::object, bool>> stack;
+        std::vector<nb::object> parts;
+        stack.emplace_back(nb::borrow(root), false);
+        while (!stack.empty()) {
+            auto [node, ready] = std::move(stack.back());
+            stack.pop_back();
+            if (index.count(key(node))) continue;
+            const int32_t k = kind_of(node);
+            parts_of(node, k, parts);
+            if (!ready) {
+                stack.emplace_back(node, true);
+                for (size_t i = parts.size(); i-- > 0;)
+                    if (!index.count(key(parts[i]))) stack.emplace_back(parts[i], false);
+                continue;
+            }
+            int64_t p0 = 0, p1 = 0;
+            if (k == constrain::IR_BYTES) {
+                nb::bytes data = nb::borrow<nb::bytes>(node.attr(mask_).attr("to_bytes")(32, "little"));
+                ByteSet m;
+                std::memcpy(m.data(), data.c_str(), 32);
+                ir.masks.push_back(m);
+            } else if (k == constrain::IR_REPEAT || k == constrain::IR_UNORDERED) {
+                p0 = nb::cast<int64_t>(node.attr(min_));
+                nb::object hi = node.attr(max_);
+                p1 = hi.is_none() ? -1 : nb::cast<int64_t>(hi);
+                if (k == constrain::IR_UNORDERED) {
+                    nb::tuple required = nb::borrow<nb::tuple>(node.attr(required_));
+                    std::vector<uint64_t> words((nb::len(required) + 63) / 64, 0);
+                    for (size_t j = 0; j < nb::len(required); ++j)
+                        if (nb::cast<bool>(required[j])) words[j / 64] |= uint64_t(1) << (j % 64);
+                    ir.required.push_back(std::move(words));
+                }
+            } else if (k == constrain::IR_REF) {
+                nb::object name = node.attr(name_);
+                const auto found = rule_ids_.find(nb::cast<std::string>(name));
+                if (found != rule_ids_.end()) {
+                    p0 = found->second;
+                } else {
+                    p0 = -1;
+                    p1 = static_cast<int64_t>(ir.undefined_names.size());
+                    ir.undefined_names.push_back(nb::repr(name).c_str());
+                }
+            }
+            index.emplace(key(node), static_cast<int32_t>(ir.kind.size()));
+            ir.kind.push_back(k);
+            for (const auto& c : parts) ir.children.push_back(index.at(key(c)));
+            ir.offsets.push_back(static_cast<int32_t>(ir.children.size()));
+            ir.p0.push_back(p0);
+            ir.p1.push_back(p1);
+        }
+        return index.at(key(root));
+    }
+
+private:
+    static uintptr_t key(nb::handle node) { return reinterpret_cast<uintptr_t>(node.ptr()); }
+
+    int32_t kind_of(nb::handle node) const {
+        for (int32_t k = 0; k < 8; ++k)
+            if (Py_TYPE(node.ptr()) == types_[k]) return k;
+        for (int32_t k = 0; k < 8; ++k)
+            if (PyObject_TypeCheck(node.ptr(), types_[k])) return k;
+        throw nb::type_error(("not an IR node: " + std::string(nb::repr(node).c_str())).c_str());
+    }
+
+    void parts_of(nb::handle node, int32_t k, std::vector<nb::object>& out) const {
+        out.clear();
+        if (k == constrain::IR_SEQ || k == constrain::IR_ALT || k == constrain::IR_AND || k == constrain::IR_UNORDERED) {
+            nb::object items = node.attr(items_);
+            if (!PyTuple_Check(items.ptr())) throw nb::type_error("ExprCore: an IR node's items must be a tuple");
+            const Py_ssize_t n = PyTuple_GET_SIZE(items.ptr());
+            for (Py_ssize_t i = 0; i < n; ++i) out.push_back(nb::borrow(PyTuple_GET_ITEM(items.ptr(), i)));
+            if (k == constrain::IR_UNORDERED)
+                for (const nb::str& part : parts_) out.push_back(node.attr(part));
+        } else if (k == constrain::IR_NOT || k == constrain::IR_REPEAT) {
+            out.push_back(node.attr(item_));
+        }
+    }
+
+    nb::list rules_;
+    std::unordered_map<std::string, int32_t> rule_ids_;
+    PyTypeObject* types_[8];
+    // Attribute names interned once: a name made per lookup would cost more than the lookup.
+    nb::str items_ = interned("items"), item_ = interned("item"), mask_ = interned("mask"), min_ = interned("min"),
+            max_ = interned("max"), required_ = interned("required"), name_ = interned("name");
+    nb::str parts_[4] = {interned("extra"), interned("first"), interned("sep"), interned("last")};
+};
+
+ExprCore* make_core(ExprCore* self, nb::list rules, const std::vector<std::string>& names, nb::tuple classes,
+                    double seconds, double max_bytes, int64_t max_states, int max_nesting) {
+    auto reader = std::make_shared<IrReader>(rules, names, classes);
+    constrain::FlatIr ir;
+    ir.rule_nodes.assign(names.size(), -1);
+    constrain::IrSource source{[reader, self](int32_t rule) {
+                                   nb::gil_scoped_acquire acquire;
+                                   reader->read_rule(self->ir(), rule);
+                               },
+                               [reader, self](uintptr_t node) {
+                                   nb::gil_scoped_acquire acquire;
+                                   return reader->read(self->ir(), nb::handle(reinterpret_cast<PyObject*>(node)));
+                               }};
+    try {
+        return new (self) ExprCore(std::move(ir), {seconds, max_bytes, max_states, max_nesting}, std::move(source));
+    } catch (const std::invalid_argument& e) {
+        throw nb::value_error(e.what());
+    }
+}
+
+template <class T>
+nb::ndarray<nb::numpy, T, nb::ndim<2>> shared_view(std::shared_ptr<T[]> data, size_t rows, size_t cols) {
+    auto* keep = new std::shared_ptr<T[]>(std::move(data));
+    nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<T[]>*>(p); });
+    return {keep->get(), {rows, cols}, owner};
+}
+
+template <class T>
+nb::ndarray<nb::numpy, T, nb::ndim<1>> shared_view(std::shared_ptr<T[]> data, size_t size) {
+    auto* keep = new std::shared_ptr<T[]>(std::move(data));
+    nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<T[]>*>(p); });
+    return {keep->get(), {size}, owner};
+}
+
+nb::object node(ExprCore& core, int64_t e) {
+    const int32_t s = checked(core, e, "node");
+    const auto [k, a] = locked(core, [&] {
+        return std::make_pair(core.kind(s), std::vector<int64_t>(core.args(s), core.args(s) + core.arg_count(s)));
+    });
+    nb::list args;
+    if (k == constrain::K_BYTES) {
+        args.append(as_int(reinterpret_cast<const uint64_t*>(a.data()), 4));
+    } else if (k == constrain::K_UNORDERED) {
+        args.append(a[0]);
+        args.append(as_int(reinterpret_cast<const uint64_t*>(a.data() + 2), a.size() - 2));
+        args.append(a[1]);
+    } else if (k == constrain::K_REPEAT) {
+        args.append(a[0]);
+        args.append(a[1]);
+        if (a[2] < 0)
+            args.append(nb::none());
+        else
+            args.append(a[2]);
+    } else if (k == constrain::K_ALT || k == constrain::K_AND) {
+        nb::list members;
+        for (int64_t m : a) members.append(m);
+        args.append(nb::tuple(members));
+    } else {
+        for (int64_t x : a) args.append(x);
+    }
+    return nb::make_tuple(static_cast<int>(k), nb::tuple(args));
+}
+
+// A table method of one state as a Python method: the state checked, then a locked call.
+template <auto Method>
+auto on_state(const char* name) {
+    return [name](ExprCore& c, int64_t e) {
+        const int32_t s = checked(c, e, name);
+        return locked(c, [&] { return (c.*Method)(s); });
+    };
+}
+
+void raise_core_error(const CoreError& e) {
+    nb::object err;
+    switch (e.code) {
+        case CoreError::GRAMMAR:
+            err = nb::module_::import_("constrain.grammars.errors").attr("GrammarError")(e.message);
+            break;
+        case CoreError::NESTING: err = nb::module_::import_("constrain.grammars.analysis").attr("nesting_error")(); break;
+        case CoreError::SECONDS:
+            err = nb::module_::import_("constrain.budget").attr("BudgetExceededError")("seconds", e.limit, e.message);
+            break;
+        case CoreError::MAX_BYTES:
+            err = nb::module_::import_("constrain.budget")
+                      .attr("BudgetExceededError")("max_bytes", static_cast<int64_t>(e.limit), e.message);
+            break;
+        case CoreError::MAX_STATES:
+            err = nb::module_::import_("constrain.derivatives")
+                      .attr("StateLimitError")("max_states", static_cast<int64_t>(e.limit), e.message);
+            break;
+    }
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
+}
+
+void bind_expr_core(nb::module_& m) {
+    nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+        try {
+            std::rethrow_exception(p);
+        } catch (const CoreError& e) {
+            raise_core_error(e);
+        }
+    });
+    nb::class_<ExprCore>(
+        m, "ExprCore",
+        "The expression table of constrain.derivatives in C++: interned expressions, their derivatives and their "
+        "byte transition rows (constrain.native_derivatives.NativeExprTable is its Python face). Thread-safe; "
+        "the GIL is released while it works.")
+        .def("__init__", &make_core, "rules"_a, "names"_a, "classes"_a, "seconds"_a, "max_bytes"_a, "max_states"_a,
+             "max_nesting"_a,
+             "The table of the IR rule bodies ``rules`` named ``names``; ``classes``: the IR node classes in "
+             "cpp/derivatives.hpp's IrKind order. The caller keeps the nodes alive (``exact_min`` finds them by "
+             "identity).")
+        .def("__len__", &ExprCore::size)
+        .def("_begin_work", [](ExprCore& c) {
+            nb::gil_scoped_release release;
+            std::lock_guard<std::recursive_mutex> g(c.mutex());
+            c.begin_work();
+        })
+        .def("_end_work", [](ExprCore& c) {
+            nb::gil_scoped_release release;
+            std::lock_guard<std::recursive_mutex> g(c.mutex());
+            c.end_work();
+        })
+        .def("set_rule_lengths",
+             [](ExprCore& c, const std::vector<double>& v) { locked(c, [&] { c.set_rule_lengths(v); }); })
+        .def("ref", [](ExprCore& c, int32_t rule) { return locked(c, [&] { return c.ref(rule); }); })
+        .def("exact_min", [](ExprCore& c, nb::handle node) {
+            return locked(c, [&] { return c.exact_min(c.node_of(reinterpret_cast<uintptr_t>(node.ptr()))); });
+        }, "node"_a, "The shortest match of IR node ``node`` (kept alive by the caller), searching derivatives.")
+        .def("estimated_bytes", [](ExprCore& c) { return c.estimated_bytes(); })
+        .def_prop_rw(
+            "clamp_limit", [](const ExprCore& c) -> nb::object { return c.clamp_limit < 0 ? nb::object(nb::none()) : nb::object(nb::int_(c.clamp_limit)); },
+            [](ExprCore& c, nb::handle v) { c.clamp_limit = v.is_none() ? -1 : nb::cast<int64_t>(v); })
+        .def("nullable", on_state<&ExprCore::nullable>("nullable"))
+        .def("derive", [](ExprCore& c, int64_t e, int b) {
+            const int32_t s = checked(c, e, "derive");
+            if (b < 0 || b > 255) throw nb::value_error("ExprCore.derive: a byte is 0..255");
+            return locked(c, [&] { return c.derive(s, b); });
+        })
+        .def("derive_bytes", [](ExprCore& c, int64_t e, const nb::bytes& data) {
+            const int32_t s = checked(c, e, "derive_bytes");
+            const std::string bytes(data.c_str(), data.size());
+            return locked(c, [&] { return c.derive_bytes(s, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()); });
+        })
+        .def("step_bytes", [](ExprCore& c, int64_t e, const nb::bytes& data) {
+            const int32_t s = checked(c, e, "step_bytes");
+            const std::string bytes(data.c_str(), data.size());
+            return locked(c, [&] { return c.step_bytes(s, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()); });
+        })
+        .def("forced_bytes", [](ExprCore& c, int64_t e, size_t max_bytes) {
+            const int32_t s = checked(c, e, "forced_bytes");
+            const std::string out = locked(c, [&] { return c.forced_bytes(s, max_bytes); });
+            return nb::bytes(out.data(), out.size());
+        })
+        .def("byte_classes", [](ExprCore& c, int64_t e) {
+            const int32_t s = checked(c, e, "byte_classes");
+            const auto parts = locked(c, [&] { return c.byte_classes(s); });
+            nb::list out;
+            for (const ByteSet& p : parts) out.append(as_int(p.data(), 4));
+            return nb::tuple(out);
+        })
+        .def("first_bytes", [](ExprCore& c, int64_t e) {
+            const int32_t s = checked(c, e, "first_bytes");
+            const ByteSet got = locked(c, [&] { return c.first_bytes(s); });
+            return as_int(got.data(), 4);
+        })
+        .def("min_completion", on_state<&ExprCore::min_completion>("min_completion"))
+        .def("_min_bound", on_state<&ExprCore::min_bound>("_min_bound"))
+        .def("is_live", on_state<&ExprCore::is_live>("is_live"))
+        .def("clamp", on_state<&ExprCore::clamp>("clamp"))
+        .def("seq", [](ExprCore& c, int64_t a, int64_t b) {
+            const int32_t x = checked(c, a, "seq"), y = checked(c, b, "seq");
+            return locked(c, [&] { return c.seq(x, y); });
+        })
+        .def("alternatives", [](ExprCore& c, int64_t e) -> nb::object {
+            const int32_t s = checked(c, e, "alternatives");
+            std::vector<int32_t> out;
+            if (!locked(c, [&] { return c.alternatives(s, out); })) return nb::none();
+            nb::list members;
+            for (int32_t m : out) members.append(m);
+            return nb::tuple(members);
+        })
+        .def("split", [](ExprCore& c, int64_t e) -> nb::object {
+            const int32_t s = checked(c, e, "split");
+            const auto parts = locked(c, [&] {
+                return c.kind(s) == constrain::K_SEQ ? std::make_pair(c.args(s)[0], c.args(s)[1])
+                                                     : std::make_pair(int64_t(-1), int64_t(-1));
+            });
+            if (parts.first < 0) return nb::none();
+            return nb::make_tuple(parts.first, parts.second);
+        })
+        .def("spine", [](ExprCore& c, int64_t e) {
+            const int32_t s = checked(c, e, "spine");
+            return locked(c, [&] { return c.spine(s); });
+        })
+        .def("is_framed", [](ExprCore& c, int64_t e) {
+            const int32_t s = checked(c, e, "is_framed");
+            return locked(c, [&] {
+                return c.kind(s) == constrain::K_SEQ && c.kind(static_cast<int32_t>(c.args(s)[0])) == constrain::K_FRAME;
+            });
+        })
+        .def("is_byte_set", [](ExprCore& c, int64_t e) {
+            const int32_t s = checked(c, e, "is_byte_set");
+            return locked(c, [&] { return c.kind(s) == constrain::K_BYTES; });
+        })
+        .def("node", &node, "e"_a, "``(kind, args)`` of expression ``e``, as the Python table's ``node``.")
+        .def("ensure_rows", [](ExprCore& c, nb::handle states) {
+            std::vector<int32_t> todo;
+            for (nb::handle s : nb::iter(states)) todo.push_back(checked(c, nb::cast<int64_t>(s), "ensure_rows"));
+            locked(c, [&] {
+                for (int32_t s : todo) c.ensure_row(s);
+            });
+        })
+        .def("row", [](ExprCore& c, int64_t e) {
+            const int32_t s = checked(c, e, "row");
+            const auto buffers = locked(c, [&] {
+                c.ensure_row(s);
+                return c.buffers();
+            });
+            auto copy = std::make_unique<int32_t[]>(256);
+            std::memcpy(copy.get(), buffers.rows.get() + static_cast<size_t>(s) * 256, 256 * sizeof(int32_t));
+            return to_numpy(std::move(copy), 256);
+        })
+        .def_prop_ro("rows", [](ExprCore& c) {
+            const auto b = locked(c, [&] { return c.buffers(); });
+            return shared_view(b.rows, b.capacity, 256);
+        }, nb::rv_policy::reference, "The transition rows (int32[capacity, 256], read-only use): a view that stays valid as the table grows.")
+        .def_prop_ro("row_done", [](ExprCore& c) {
+            const auto b = locked(c, [&] { return c.buffers(); });
+            return shared_view(b.done, b.capacity);
+        }, nb::rv_policy::reference)
+        .def_prop_ro("row_nullable", [](ExprCore& c) {
+            const auto b = locked(c, [&] { return c.buffers(); });
+            return shared_view(b.nullable, b.capacity);
+        }, nb::rv_policy::reference);
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
+    bind_expr_core(m);
     m.doc() = "The token automaton's hot path in C++ (the Python automaton is its reference twin).";
     nb::class_<Slice>(m, "Slice",
                       "A byte set's slice of a vocabulary: the tokens made of those bytes only, and the trie nodes "

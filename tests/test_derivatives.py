@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
+from support.walks import expressions
 
 from constrain.derivatives import ExprTable, matches
 from constrain.grammars import ir
@@ -52,25 +52,6 @@ def language(node: ir.Node) -> frozenset[bytes]:
     raise TypeError(node)
 
 
-leaves = st.sampled_from([
-    ir.literal("a"), ir.literal("b"), ir.byte_set(b"ab"), ir.EMPTY, ir.NOTHING, ir.literal("ab"),
-])
-
-
-def extend(children: st.SearchStrategy[ir.Node]) -> st.SearchStrategy[ir.Node]:
-    bounds = st.tuples(st.integers(0, 3), st.one_of(st.none(), st.integers(0, 3))).filter(
-        lambda b: b[1] is None or b[1] >= b[0]
-    )
-    return st.one_of(
-        st.lists(children, min_size=1, max_size=3).map(lambda xs: ir.seq(*xs)),
-        st.lists(children, min_size=1, max_size=3).map(lambda xs: ir.alt(*xs)),
-        st.lists(children, min_size=1, max_size=3).map(lambda xs: ir.intersect(*xs)),
-        children.map(ir.complement),
-        st.tuples(children, bounds).map(lambda t: ir.repeat(t[0], t[1][0], t[1][1])),
-    )
-
-
-expressions = st.recursive(leaves, extend, max_leaves=8)
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,9 +1,12 @@
 """Hypothesis strategies shared by the native-vs-twin tests: random regexes over a few atoms
-(quotes, escapes, multi-byte characters, classes) and small vocabularies over the same bytes."""
+(quotes, escapes, multi-byte characters, classes), small vocabularies over the same bytes, and IR
+expressions over the bytes ``ab`` with intersections and complements."""
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
+
+from constrain.grammars import ir
 
 ALPHABET = b'ab"{}\\\xc3\xa9'
 
@@ -22,3 +25,24 @@ def regexes() -> st.SearchStrategy[str]:
 
 small_vocabularies = st.lists(st.binary(min_size=1, max_size=4).map(lambda b: bytes(ALPHABET[c % len(ALPHABET)] for c in b)),
                               min_size=1, max_size=60)
+
+
+ir_leaves = st.sampled_from([
+    ir.literal("a"), ir.literal("b"), ir.byte_set(b"ab"), ir.EMPTY, ir.NOTHING, ir.literal("ab"),
+])
+
+
+def _extend(children: st.SearchStrategy[ir.Node]) -> st.SearchStrategy[ir.Node]:
+    bounds = st.tuples(st.integers(0, 3), st.one_of(st.none(), st.integers(0, 3))).filter(
+        lambda b: b[1] is None or b[1] >= b[0]
+    )
+    return st.one_of(
+        st.lists(children, min_size=1, max_size=3).map(lambda xs: ir.seq(*xs)),
+        st.lists(children, min_size=1, max_size=3).map(lambda xs: ir.alt(*xs)),
+        st.lists(children, min_size=1, max_size=3).map(lambda xs: ir.intersect(*xs)),
+        children.map(ir.complement),
+        st.tuples(children, bounds).map(lambda t: ir.repeat(t[0], t[1][0], t[1][1])),
+    )
+
+
+expressions = st.recursive(ir_leaves, _extend, max_leaves=8)

@@ -1,0 +1,81 @@
+"""The expression table in C++ (``constrain._core.ExprCore``), behind the ``ExprTable`` interface.
+
+``constrain.derivatives.ExprTable`` is the reference twin: the same expressions, derivatives,
+lengths and liveness searches, in Python. The C++ table reads the IR objects into flat arrays (one
+pass in C++, per compile) and converts rule bodies lazily, as the twin does; the walks of
+``constrain._core.PackedTrie`` read and fill its rows directly, with no Python in between. What
+stays in Python: the rule length analysis (``grammars.analysis``, shared with the front ends),
+structure signatures (they intern into the compiler context's ``Signatures``) and the work lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from constrain.budget import DEFAULT_BUDGET, CompileBudget
+from constrain.cache import Signatures
+from constrain.derivatives import structure_signature
+from constrain.grammars import ir
+from constrain.grammars.analysis import INFINITE, MAX_NESTING, measure_rules
+from constrain.grammars.errors import GrammarError
+
+try:
+    from constrain import _core
+except ImportError:  # the core is not built: the Python table is used (see ``available``)
+    _core = None  # type: ignore[assignment]
+
+__all__ = ["NativeExprTable", "available"]
+
+# The IR node classes in the order of cpp/derivatives.hpp's IrKind.
+_IR_CLASSES = (ir.Bytes, ir.Seq, ir.Alt, ir.And, ir.Not, ir.Repeat, ir.Ref, ir.Unordered)
+
+
+def available() -> bool:
+    """Whether the C++ table is built."""
+    return _core is not None
+
+
+class NativeExprTable(_core.ExprCore if _core is not None else object):  # type: ignore[misc]
+    """``ExprTable``'s interface over the C++ table; safe to share between threads."""
+
+    def __init__(self, grammar: ir.Grammar, *, budget: CompileBudget = DEFAULT_BUDGET,
+                 signatures: Signatures | None = None) -> None:
+        if _core is None:
+            raise RuntimeError("constrain._core is not built: use constrain.derivatives.ExprTable")
+        if grammar.start not in grammar.rules:
+            raise GrammarError(f"grammar has no start rule {grammar.start!r}")
+        names = list(grammar.rules)
+        super().__init__(list(grammar.rules.values()), names, _IR_CLASSES, float(budget.seconds),
+                         float(budget.max_bytes), int(budget.max_states), MAX_NESTING)
+        self.grammar = grammar  # its nodes: the C++ table finds the ones ``_exact_min`` is asked by identity
+        self.lock = threading.RLock()
+        self.signatures = Signatures() if signatures is None else signatures
+        self.budget = budget
+        self.max_states = budget.max_states
+        self._sigs: dict[int, int | None] = {}
+        with self.work():
+            self.set_rule_lengths([grammar.min_lengths.get(n, INFINITE) for n in names])
+            self._rule_min = measure_rules(grammar.rules, self._exact_min, grammar.rule_lengths).lengths
+            self.set_rule_lengths([self._rule_min.get(n, INFINITE) for n in names])
+            self.start = self.ref(names.index(grammar.start))
+
+    def _exact_min(self, node: ir.Node) -> float:
+        """Shortest match of an intersection or complement of the grammar, by searching derivatives."""
+        return self.exact_min(node)
+
+    @contextmanager
+    def work(self) -> Iterator[None]:
+        """One unit of compilation work holding the lock; ``CompileBudget.seconds`` bounds it.
+        Reentrant: the outermost unit sets the deadline (kept by the C++ table)."""
+        with self.lock:
+            self._begin_work()
+            try:
+                yield
+            finally:
+                self._end_work()
+
+    def signature(self, e: int) -> int | None:
+        """An id of ``e``'s structure, equal across the grammars sharing ``self.signatures``."""
+        return structure_signature(self, e, self._sigs)

@@ -1,0 +1,1137 @@
+#include "derivatives.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <queue>
+#include <stdexcept>
+#include <tuple>
+
+namespace constrain {
+
+namespace {
+
+constexpr ByteSet ALL_BYTES = {~0ull, ~0ull, ~0ull, ~0ull};
+constexpr int64_t NO_CUT = int64_t(1) << 62;
+constexpr size_t LIVENESS_BUDGET = 4096;  // as constrain.derivatives
+constexpr size_t BUDGET_CHECK_EVERY = 256;
+constexpr size_t EXPR_BYTES = 400;  // the twin's accounting, so both hit the memory budget alike
+constexpr size_t ROW_BYTES = 256 * 4 + 2;
+const double UNKNOWN = std::nan("");
+
+bool test(const ByteSet& m, int b) { return m[b >> 6] >> (b & 63) & 1; }
+bool any(const ByteSet& m) { return (m[0] | m[1] | m[2] | m[3]) != 0; }
+ByteSet operator|(ByteSet a, const ByteSet& b) {
+    for (int i = 0; i < 4; ++i) a[i] |= b[i];
+    return a;
+}
+ByteSet operator&(ByteSet a, const ByteSet& b) {
+    for (int i = 0; i < 4; ++i) a[i] &= b[i];
+    return a;
+}
+int lowest(const ByteSet& m) {
+    for (int i = 0; i < 4; ++i)
+        if (m[i]) return i * 64 + __builtin_ctzll(m[i]);
+    return -1;
+}
+bool bit(const uint64_t* words, size_t n, size_t j) { return j / 64 < n && (words[j / 64] >> (j % 64) & 1); }
+
+std::vector<ByteSet> refine(const std::vector<ByteSet>& p, const std::vector<ByteSet>& q) {
+    if (p.size() == 1) return q;
+    if (q.size() == 1) return p;
+    std::vector<ByteSet> out;
+    for (const auto& x : p)
+        for (const auto& y : q) {
+            const ByteSet z = x & y;
+            if (any(z)) out.push_back(z);
+        }
+    return out;
+}
+
+// ir.unordered_min_length: the required items still missing, then the cheapest others until
+// `lo` members are reached, with their separators.
+double unordered_length(const std::vector<double>& item_mins, const std::vector<uint64_t>& required, double extra,
+                        double first, double sep, double last, int64_t lo, int64_t hi, const uint64_t* seen,
+                        size_t seen_words, int64_t count) {
+    double need = 0;
+    int64_t n_req = 0;
+    std::vector<double> optional;
+    for (size_t j = 0; j < item_mins.size(); ++j) {
+        if (bit(seen, seen_words, j)) continue;
+        if (bit(required.data(), required.size(), j)) {
+            need += item_mins[j];
+            ++n_req;
+        } else if (item_mins[j] < INF) {
+            optional.push_back(item_mins[j]);
+        }
+    }
+    const int64_t more = std::max<int64_t>(lo - count - n_req, 0);
+    const int64_t total = n_req + more;
+    if (hi >= 0 && count + total > hi) return INF;
+    if (more) {
+        optional.insert(optional.end(), static_cast<size_t>(more), extra);
+        std::partial_sort(optional.begin(), optional.begin() + more, optional.end());
+        for (int64_t i = 0; i < more; ++i) need += optional[i];
+    }
+    if (total == 0) return count == 0 ? 0 : last;
+    return need + (count == 0 ? first + static_cast<double>(total - 1) * sep : static_cast<double>(total) * sep) + last;
+}
+
+std::string format_g(double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return buf;
+}
+
+}  // namespace
+
+// One more level of recursion for the methods that descend (the twin's _descend).
+struct Level {
+    explicit Level(int& level, int max_nesting) : level_(level) {
+        if (++level_ > max_nesting) {
+            --level_;
+            throw CoreError(CoreError::NESTING, max_nesting, "nesting");
+        }
+    }
+    ~Level() { --level_; }
+    int& level_;
+};
+
+// A node open in a recursion that cuts cycles through rules (nullable, byte_classes): the depth it
+// opened at; what was computed under a cut at an enclosing node assumed that node's answer, so
+// `close` says whether this node's answer may be cached (the twin's _null_cut / _class_cut).
+struct CutScope {
+    CutScope(std::unordered_map<int32_t, int64_t>& open, int64_t& cut, int32_t e)
+        : open_(open), cut_(cut), e_(e), depth_(static_cast<int64_t>(open.size())), outer_(cut) {
+        open_[e] = depth_;
+        cut_ = NO_CUT;
+    }
+    ~CutScope() {
+        if (!closed_) close();
+    }
+    bool close() {
+        closed_ = true;
+        open_.erase(e_);
+        const int64_t cut = cut_;
+        cut_ = std::min(outer_, cut < depth_ ? cut : NO_CUT);
+        return cut >= depth_;
+    }
+    std::unordered_map<int32_t, int64_t>& open_;
+    int64_t& cut_;
+    int32_t e_;
+    int64_t depth_, outer_;
+    bool closed_ = false;
+};
+
+ExprCore::ExprCore(FlatIr ir, Budget budget, IrSource source)
+    : ir_(std::move(ir)), budget_(budget), source_(std::move(source)), null_cut_(NO_CUT), class_cut_(NO_CUT) {
+    if (ir_.offsets.empty()) ir_.offsets.push_back(0);
+    nodes_added();
+    rule_body_.assign(ir_.rule_nodes.size(), -1);
+    rule_min_.assign(ir_.rule_nodes.size(), INF);
+    slots_.assign(1024, -1);
+    intern(K_NOTHING, nullptr, 0, 0, false);
+    intern(K_EMPTY, nullptr, 0, 1, false);
+    grow(1024);
+    buffers_.nullable[EMPTY] = true;
+    buffers_.done[NOTHING] = buffers_.done[EMPTY] = true;
+}
+
+void ExprCore::nodes_added() {
+    const size_t n = ir_.kind.size(), from = converted_.size();
+    if (ir_.offsets.size() != n + 1 || ir_.p0.size() != n || ir_.p1.size() != n)
+        throw std::invalid_argument("ExprCore: kind, offsets (one more), p0 and p1 must describe the same nodes");
+    if (ir_.offsets.back() != static_cast<int32_t>(ir_.children.size()))
+        throw std::invalid_argument("ExprCore: offsets must end at the number of children");
+    aux_.resize(n, -1);
+    for (size_t i = from; i < n; ++i) {
+        if (ir_.offsets[i] > ir_.offsets[i + 1]) throw std::invalid_argument("ExprCore: offsets must not decrease");
+        for (int32_t c = ir_.offsets[i]; c < ir_.offsets[i + 1]; ++c)
+            if (ir_.children[c] < 0 || static_cast<size_t>(ir_.children[c]) >= i)
+                throw std::invalid_argument("ExprCore: a child must come before its parent");
+        const int32_t arity = ir_.offsets[i + 1] - ir_.offsets[i];
+        switch (ir_.kind[i]) {
+            case IR_BYTES: aux_[i] = static_cast<int32_t>(n_masks_++); break;
+            case IR_UNORDERED:
+                if (arity < 4) throw std::invalid_argument("ExprCore: an Unordered node needs extra, first, sep, last");
+                aux_[i] = static_cast<int32_t>(n_unordered_++);
+                break;
+            case IR_NOT:
+            case IR_REPEAT:
+                if (arity != 1) throw std::invalid_argument("ExprCore: Not and Repeat nodes have one child");
+                break;
+            case IR_REF:
+                if (ir_.p0[i] >= static_cast<int64_t>(ir_.rule_nodes.size()) ||
+                    (ir_.p0[i] < 0 && (ir_.p1[i] < 0 || ir_.p1[i] >= static_cast<int64_t>(ir_.undefined_names.size()))))
+                    throw std::invalid_argument("ExprCore: a Ref names no rule");
+                break;
+            case IR_SEQ:
+            case IR_ALT:
+            case IR_AND: break;
+            default: throw std::invalid_argument("ExprCore: unknown IR kind " + std::to_string(ir_.kind[i]));
+        }
+    }
+    if (n_masks_ != ir_.masks.size() || n_unordered_ != ir_.required.size())
+        throw std::invalid_argument("ExprCore: one mask per Bytes node and one required set per Unordered node");
+    for (int32_t r : ir_.rule_nodes)
+        if (r >= static_cast<int32_t>(n)) throw std::invalid_argument("ExprCore: a rule's node is out of range");
+    converted_.resize(n, -1);
+}
+
+void ExprCore::begin_work() {
+    if (work_depth_++ == 0) {
+        deadline_ = std::chrono::steady_clock::now() +
+                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                        std::chrono::duration<double>(budget_.seconds));
+        has_deadline_ = true;
+    }
+}
+
+void ExprCore::end_work() {
+    if (work_depth_ > 0 && --work_depth_ == 0) has_deadline_ = false;
+}
+
+size_t ExprCore::estimated_bytes() const { return exprs_.size() * EXPR_BYTES + buffers_.capacity * ROW_BYTES; }
+
+void ExprCore::check_budget() const {
+    if (has_deadline_ && std::chrono::steady_clock::now() > deadline_)
+        throw CoreError(CoreError::SECONDS, budget_.seconds,
+                        "compiling took more than " + format_g(budget_.seconds) + " s");
+    const size_t used = estimated_bytes();
+    if (static_cast<double>(used) > budget_.max_bytes)
+        throw CoreError(CoreError::MAX_BYTES, budget_.max_bytes,
+                        "the automaton needs about " + std::to_string(used >> 20) + " MiB");
+}
+
+void ExprCore::set_rule_lengths(const std::vector<double>& lengths) {
+    if (lengths.size() != rule_min_.size()) throw std::invalid_argument("ExprCore: one length per rule");
+    rule_min_ = lengths;
+}
+
+// ---------------------------------------------------------------------------------- interning
+
+uint64_t ExprCore::hash_of(uint8_t kind, const int64_t* a, uint32_t n) const {
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ kind;
+    for (uint32_t i = 0; i < n; ++i) {
+        h ^= static_cast<uint64_t>(a[i]) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+        h *= 0xff51afd7ed558ccdull;
+    }
+    return h ^ (h >> 29);
+}
+
+void ExprCore::rehash() {
+    std::vector<int32_t> slots(slots_.size() * 2, -1);
+    const size_t mask = slots.size() - 1;
+    for (size_t id = 0; id < exprs_.size(); ++id) {
+        size_t i = hashes_[id] & mask;
+        while (slots[i] >= 0) i = (i + 1) & mask;
+        slots[i] = static_cast<int32_t>(id);
+    }
+    slots_.swap(slots);
+}
+
+int32_t ExprCore::intern(uint8_t kind, const int64_t* a, uint32_t n, int8_t null, bool boolean) {
+    if (n && a >= pool_.data() && a < pool_.data() + pool_.size()) {  // the pool may move below
+        const std::vector<int64_t> copy(a, a + n);
+        return intern(kind, copy.data(), n, null, boolean);
+    }
+    const uint64_t h = hash_of(kind, a, n);
+    const size_t mask = slots_.size() - 1;
+    size_t i = h & mask;
+    for (; slots_[i] >= 0; i = (i + 1) & mask) {
+        const int32_t id = slots_[i];
+        const Expr& x = exprs_[id];
+        if (hashes_[id] == h && x.kind == kind && x.len == n && std::equal(a, a + n, pool_.data() + x.off)) return id;
+    }
+    const size_t id = exprs_.size();
+    if (static_cast<int64_t>(id) >= budget_.max_states)
+        throw CoreError(CoreError::MAX_STATES, static_cast<double>(budget_.max_states),
+                        "the constraint needs more than " + std::to_string(budget_.max_states) + " automaton states");
+    if (id && id % BUDGET_CHECK_EVERY == 0) check_budget();
+    exprs_.push_back({kind, boolean, false, null, static_cast<uint32_t>(pool_.size()), n});
+    pool_.insert(pool_.end(), a, a + n);
+    hashes_.push_back(h);
+    first_.push_back({});
+    first_known_.push_back(0);
+    classes_.push_back(-1);
+    min_.push_back(UNKNOWN);
+    bound_.push_back(UNKNOWN);
+    live_.push_back(-1);
+    clamped_.push_back(-1);
+    unordered_body_.push_back(-1);
+    if ((id + 1) * 2 > slots_.size())
+        rehash();
+    else
+        slots_[i] = static_cast<int32_t>(id);
+    return static_cast<int32_t>(id);
+}
+
+std::vector<int32_t> ExprCore::members(int32_t e) const {
+    const Kind k = kind(e);
+    if (k != K_ALT && k != K_AND) return {e};
+    const int64_t* a = args(e);
+    return std::vector<int32_t>(a, a + arg_count(e));
+}
+
+std::vector<int32_t> ExprCore::spine(int32_t e) const {
+    std::vector<int32_t> parts;
+    while (kind(e) == K_SEQ) {
+        parts.push_back(static_cast<int32_t>(args(e)[0]));
+        e = static_cast<int32_t>(args(e)[1]);
+    }
+    parts.push_back(e);
+    return parts;
+}
+
+int32_t ExprCore::mk_bytes(const ByteSet& m) {
+    if (!any(m)) return NOTHING;
+    int64_t a[4];
+    std::memcpy(a, m.data(), sizeof a);
+    return intern(K_BYTES, a, 4, 0, false);
+}
+
+int32_t ExprCore::mk_seq(int32_t a, int32_t b) {
+    if (a == NOTHING || b == NOTHING) return NOTHING;
+    if (a == EMPTY) return b;
+    if (b == EMPTY) return a;
+    if (kind(a) == K_SEQ) {  // keep sequences right-nested: (x y) z -> x (y z)
+        std::vector<int32_t> parts = spine(a);
+        b = mk_seq(parts.back(), b);
+        for (size_t i = parts.size() - 1; i-- > 0;) b = mk_seq(parts[i], b);
+        return b;
+    }
+    const int8_t na = exprs_[a].null, nb = exprs_[b].null;
+    const int8_t null = na < 0 || nb < 0 ? -1 : (na && nb);
+    const int64_t ab[2] = {a, b};
+    const int32_t out = intern(K_SEQ, ab, 2, null, exprs_[a].boolean || exprs_[b].boolean);
+    exprs_[out].counted = exprs_[out].counted || exprs_[a].counted || exprs_[b].counted;
+    return out;
+}
+
+int32_t ExprCore::mk_alt(const std::vector<int32_t>& items) {
+    if (items.size() == 1 && kind(items[0]) != K_ALT) return items[0];
+    std::vector<int32_t> flat;
+    ByteSet mask{};
+    for (int32_t i : items)
+        for (int32_t p : kind(i) == K_ALT ? members(i) : std::vector<int32_t>{i}) {
+            if (p == NOTHING) continue;
+            if (kind(p) == K_BYTES) {
+                ByteSet m;
+                std::memcpy(m.data(), args(p), sizeof m);
+                mask = mask | m;
+            } else {
+                flat.push_back(p);
+            }
+        }
+    std::sort(flat.begin(), flat.end());
+    flat.erase(std::unique(flat.begin(), flat.end()), flat.end());
+    // Left-factor sequences sharing a head: x a | x b -> x (a | b).
+    std::vector<std::pair<int64_t, int32_t>> by_head;
+    for (int32_t p : flat)
+        if (kind(p) == K_SEQ) by_head.emplace_back(args(p)[0], p);
+    std::sort(by_head.begin(), by_head.end());
+    std::vector<int32_t> factored;
+    for (size_t i = 0; i < by_head.size();) {
+        size_t j = i;
+        while (j < by_head.size() && by_head[j].first == by_head[i].first) ++j;
+        if (j - i > 1) {
+            std::vector<int32_t> tails;
+            for (size_t g = i; g < j; ++g) {
+                tails.push_back(static_cast<int32_t>(args(by_head[g].second)[1]));
+                flat.erase(std::lower_bound(flat.begin(), flat.end(), by_head[g].second));
+            }
+            factored.push_back(mk_seq(static_cast<int32_t>(by_head[i].first), mk_alt(tails)));
+        }
+        i = j;
+    }
+    flat.insert(flat.end(), factored.begin(), factored.end());
+    if (any(mask)) flat.push_back(mk_bytes(mask));
+    std::sort(flat.begin(), flat.end());
+    flat.erase(std::unique(flat.begin(), flat.end()), flat.end());
+    if (flat.empty()) return NOTHING;
+    if (flat.size() == 1) return flat[0];
+    int8_t null = 0;
+    bool boolean = false, counted = false;
+    for (int32_t m : flat) {
+        const Expr& x = exprs_[m];
+        if (x.null == 1) null = 1;
+        else if (x.null < 0 && null != 1) null = -1;
+        boolean = boolean || x.boolean;
+        counted = counted || x.counted;
+    }
+    const std::vector<int64_t> a(flat.begin(), flat.end());
+    const int32_t out = intern(K_ALT, a.data(), static_cast<uint32_t>(a.size()), null, boolean);
+    exprs_[out].counted = exprs_[out].counted || counted;
+    return out;
+}
+
+int32_t ExprCore::mk_and(const std::vector<int32_t>& items) {
+    std::vector<int32_t> flat;
+    for (int32_t i : items)
+        for (int32_t p : kind(i) == K_AND ? members(i) : std::vector<int32_t>{i}) {
+            if (p == NOTHING) return NOTHING;
+            if (kind(p) == K_NOT && args(p)[0] == NOTHING) continue;  // x & everything == x
+            flat.push_back(p);
+        }
+    std::sort(flat.begin(), flat.end());
+    flat.erase(std::unique(flat.begin(), flat.end()), flat.end());
+    if (flat.empty()) return mk_not(NOTHING);
+    bool all_bytes = true;
+    for (int32_t p : flat) all_bytes = all_bytes && kind(p) == K_BYTES;
+    if (all_bytes) {
+        ByteSet mask = ALL_BYTES;
+        for (int32_t p : flat) {
+            ByteSet m;
+            std::memcpy(m.data(), args(p), sizeof m);
+            mask = mask & m;
+        }
+        return mk_bytes(mask);
+    }
+    if (std::binary_search(flat.begin(), flat.end(), EMPTY)) {
+        bool all = true;
+        for (int32_t p : flat) all = nullable(p) && all;  // every member asked, as the twin does
+        return all ? EMPTY : NOTHING;
+    }
+    if (flat.size() == 1) return flat[0];
+    int8_t null = 1;
+    bool counted = false;
+    for (int32_t m : flat) {
+        const Expr& x = exprs_[m];
+        if (x.null == 0) null = 0;
+        else if (x.null < 0 && null != 0) null = -1;
+        counted = counted || x.counted;
+    }
+    const std::vector<int64_t> a(flat.begin(), flat.end());
+    const int32_t out = intern(K_AND, a.data(), static_cast<uint32_t>(a.size()), null, true);
+    exprs_[out].counted = exprs_[out].counted || counted;
+    return out;
+}
+
+int32_t ExprCore::mk_not(int32_t a) {
+    if (kind(a) == K_NOT) return static_cast<int32_t>(args(a)[0]);
+    const int8_t na = exprs_[a].null;
+    const int64_t x[1] = {a};
+    const int32_t out = intern(K_NOT, x, 1, na < 0 ? -1 : !na, true);
+    exprs_[out].counted = exprs_[out].counted || exprs_[a].counted;
+    return out;
+}
+
+int32_t ExprCore::mk_repeat(int32_t a, int64_t lo, int64_t hi) {
+    if (hi == 0 || a == EMPTY) return EMPTY;
+    if (a == NOTHING) return lo == 0 ? EMPTY : NOTHING;
+    if (lo == 1 && hi == 1) return a;
+    if (lo && nullable(a)) lo = 0;  // a nullable: a{n,m} == a{0,m}
+    const int64_t x[3] = {a, lo, hi};
+    const int32_t out = intern(K_REPEAT, x, 3, lo == 0 ? 1 : exprs_[a].null, exprs_[a].boolean);
+    exprs_[out].counted = exprs_[out].counted || exprs_[a].counted || lo > 0 || hi >= 0;
+    return out;
+}
+
+int32_t ExprCore::mk_frame(int32_t e) {
+    const Kind k = kind(e);
+    if (k == K_NOTHING || k == K_EMPTY || k == K_FRAME || k == K_BYTES) return e;
+    if (k == K_SEQ && kind(static_cast<int32_t>(args(e)[0])) == K_FRAME) {  // frames at the head: flatten
+        std::vector<int32_t> frames;
+        while (kind(e) == K_SEQ && kind(static_cast<int32_t>(args(e)[0])) == K_FRAME) {
+            frames.push_back(static_cast<int32_t>(args(e)[0]));
+            e = static_cast<int32_t>(args(e)[1]);
+        }
+        int32_t out = mk_frame(e);
+        for (size_t i = frames.size(); i-- > 0;) out = mk_seq(frames[i], out);
+        return out;
+    }
+    const int64_t x[1] = {e};
+    const int32_t out = intern(K_FRAME, x, 1, exprs_[e].null, exprs_[e].boolean);
+    exprs_[out].counted = exprs_[out].counted || exprs_[e].counted;
+    return out;
+}
+
+int32_t ExprCore::mk_ref(int32_t rule) {
+    const int64_t x[1] = {rule};
+    return intern(K_REF, x, 1, -1, false);
+}
+
+int32_t ExprCore::mk_unordered(int32_t d, const uint64_t* seen, int64_t count) {
+    const Unordered& u = unordered_[d];
+    bool zero = count == 0;
+    for (size_t i = 0; i < u.words && zero; ++i) zero = seen[i] == 0;
+    if ((zero || u.lo || u.hi >= 0) && unordered_min(d, seen, count) == INF) return NOTHING;
+    std::vector<int64_t> x{d, count};
+    for (size_t i = 0; i < u.words; ++i) x.push_back(static_cast<int64_t>(seen[i]));
+    return intern(K_UNORDERED, x.data(), static_cast<uint32_t>(x.size()), -1, false);
+}
+
+double ExprCore::unordered_min(int32_t d, const uint64_t* seen, int64_t count) const {
+    const Unordered& u = unordered_[d];
+    return unordered_length(u.item_mins, u.required, u.part_mins[0], u.part_mins[1], u.part_mins[2], u.part_mins[3],
+                            u.lo, u.hi, seen, u.words, count);
+}
+
+int32_t ExprCore::expand_unordered(int32_t e) {
+    if (unordered_body_[e] >= 0) return unordered_body_[e];
+    const int32_t d = static_cast<int32_t>(args(e)[0]);
+    const int64_t count = args(e)[1];
+    const Unordered u = unordered_[d];  // a copy: conversions below may add Unordered nodes
+    std::vector<uint64_t> seen(args(e) + 2, args(e) + 2 + u.words);
+    std::vector<int32_t> options;
+    bool complete = count >= u.lo;
+    for (size_t i = 0; i < u.words && complete; ++i) complete = (u.required[i] & ~seen[i]) == 0;
+    if (complete) options.push_back(count == 0 ? EMPTY : u.last);
+    if (u.hi < 0 || count < u.hi) {
+        const int32_t lead = count == 0 ? u.first : u.sep;
+        const int64_t nxt = std::min(count + 1, std::max({int64_t(1), u.lo, u.hi < 0 ? int64_t(0) : u.hi}));
+        for (size_t j = 0; j < u.items.size(); ++j) {
+            if (bit(seen.data(), seen.size(), j) || u.items[j] == NOTHING) continue;
+            const int32_t member = mk_frame(mk_seq(lead, u.items[j]));
+            std::vector<uint64_t> more = seen;
+            more[j / 64] |= uint64_t(1) << (j % 64);
+            options.push_back(mk_seq(member, mk_unordered(d, more.data(), nxt)));
+        }
+        if (u.extra != NOTHING) {
+            const int32_t member = mk_frame(mk_seq(lead, u.extra));
+            options.push_back(mk_seq(member, mk_unordered(d, seen.data(), nxt)));
+        }
+    }
+    const int32_t body = mk_alt(options);
+    unordered_body_[e] = body;
+    return body;
+}
+
+// ------------------------------------------------------------------------------ IR conversion
+
+int32_t ExprCore::convert(int32_t node) {
+    if (node < 0 || static_cast<size_t>(node) >= converted_.size())
+        throw std::out_of_range("ExprCore.convert: no IR node " + std::to_string(node));
+    if (converted_[node] >= 0) return converted_[node];
+    Level level(level_, budget_.max_nesting);
+    // Children by index: loading a rule on the way (a search through a reference) may move the arrays.
+    auto c = [this, base = ir_.offsets[node]](int32_t i) { return ir_.children[base + i]; };
+    const int32_t arity = ir_.offsets[node + 1] - ir_.offsets[node];
+    int32_t out = NOTHING;
+    switch (ir_.kind[node]) {
+        case IR_BYTES: out = mk_bytes(ir_.masks[aux_[node]]); break;
+        case IR_SEQ:
+            out = EMPTY;
+            for (int32_t i = arity; i-- > 0;) out = mk_seq(convert(c(i)), out);
+            break;
+        case IR_ALT:
+        case IR_AND: {
+            std::vector<int32_t> items;
+            for (int32_t i = 0; i < arity; ++i) items.push_back(convert(c(i)));
+            out = ir_.kind[node] == IR_ALT ? mk_alt(items) : mk_and(items);
+            break;
+        }
+        case IR_NOT: out = mk_not(convert(c(0))); break;
+        case IR_REPEAT: out = mk_repeat(convert(c(0)), ir_.p0[node], ir_.p1[node]); break;
+        case IR_REF:
+            if (ir_.p0[node] < 0)
+                throw CoreError(CoreError::GRAMMAR, 0, "reference to undefined rule " + ir_.undefined_names[ir_.p1[node]]);
+            out = rule_min_[ir_.p0[node]] < INF ? mk_ref(static_cast<int32_t>(ir_.p0[node])) : NOTHING;
+            break;
+        case IR_UNORDERED: {
+            const int32_t n_items = arity - 4;
+            Unordered u;
+            std::unordered_map<int32_t, double> memo;
+            u.extra = convert(c(n_items));
+            u.first = convert(c(n_items + 1));
+            u.sep = convert(c(n_items + 2));
+            u.last = convert(c(n_items + 3));
+            for (int i = 0; i < 4; ++i) u.part_mins[i] = ir_min(c(n_items + i), memo);
+            for (int32_t i = 0; i < n_items; ++i) u.items.push_back(convert(c(i)));
+            for (int32_t i = 0; i < n_items; ++i) u.item_mins.push_back(ir_min(c(i), memo));
+            u.required = ir_.required[aux_[node]];
+            u.words = (static_cast<size_t>(n_items) + 63) / 64;
+            u.required.resize(std::max(u.required.size(), u.words), 0);
+            u.lo = ir_.p0[node];
+            u.hi = ir_.p1[node];
+            unordered_.push_back(std::move(u));
+            const std::vector<uint64_t> none(unordered_.back().words, 0);
+            out = mk_unordered(static_cast<int32_t>(unordered_.size() - 1), none.data(), 0);
+            break;
+        }
+    }
+    converted_[node] = out;
+    return out;
+}
+
+int32_t ExprCore::ref(int32_t rule) {
+    if (rule < 0 || static_cast<size_t>(rule) >= rule_min_.size())
+        throw std::out_of_range("ExprCore.ref: no rule " + std::to_string(rule));
+    return rule_min_[rule] < INF ? mk_ref(rule) : NOTHING;
+}
+
+// grammars.analysis.MinLength on flat nodes, intersections and complements exact.
+double ExprCore::ir_min(int32_t node, std::unordered_map<int32_t, double>& memo) {
+    const auto found = memo.find(node);
+    if (found != memo.end()) return found->second;
+    Level level(level_, budget_.max_nesting);
+    auto c = [this, base = ir_.offsets[node]](int32_t i) { return ir_.children[base + i]; };
+    const int32_t arity = ir_.offsets[node + 1] - ir_.offsets[node];
+    double out = INF;
+    switch (ir_.kind[node]) {
+        case IR_BYTES: out = any(ir_.masks[aux_[node]]) ? 1 : INF; break;
+        case IR_SEQ:
+            out = 0;
+            for (int32_t i = 0; i < arity; ++i) out += ir_min(c(i), memo);
+            break;
+        case IR_ALT:
+            for (int32_t i = 0; i < arity; ++i) out = std::min(out, ir_min(c(i), memo));
+            break;
+        case IR_AND:
+        case IR_NOT: out = exact_min(node); break;
+        case IR_REPEAT: out = ir_.p0[node] == 0 ? 0 : static_cast<double>(ir_.p0[node]) * ir_min(c(0), memo); break;
+        case IR_REF: out = ir_.p0[node] < 0 ? INF : rule_min_[ir_.p0[node]]; break;
+        case IR_UNORDERED: {
+            const int32_t n_items = arity - 4;
+            std::vector<double> mins;
+            for (int32_t i = 0; i < n_items; ++i) mins.push_back(ir_min(c(i), memo));
+            double parts[4];
+            for (int i = 0; i < 4; ++i) parts[i] = ir_min(c(n_items + i), memo);
+            out = unordered_length(mins, ir_.required[aux_[node]], parts[0], parts[1], parts[2], parts[3],
+                                   ir_.p0[node], ir_.p1[node], nullptr, 0, 0);
+            break;
+        }
+    }
+    memo[node] = out;
+    return out;
+}
+
+int32_t ExprCore::node_of(uintptr_t source) {
+    const auto found = ir_.source.find(source);
+    if (found != ir_.source.end()) return found->second;
+    const int32_t node = source_.node(source);
+    nodes_added();
+    return node;
+}
+
+int32_t ExprCore::body(int32_t rule) {
+    if (rule_body_[rule] < 0) {
+        if (ir_.rule_nodes[rule] < 0) {
+            source_.rule(rule);
+            nodes_added();
+        }
+        rule_body_[rule] = convert(ir_.rule_nodes[rule]);
+    }
+    return rule_body_[rule];
+}
+
+// ---------------------------------------------------------------------------------- semantics
+
+bool ExprCore::nullable(int32_t e) {
+    if (exprs_[e].null >= 0) return exprs_[e].null;
+    const auto open = null_open_.find(e);
+    if (open != null_open_.end()) {  // a cycle through rules: this path adds no empty match
+        null_cut_ = std::min(null_cut_, open->second);
+        return false;
+    }
+    CutScope scope(null_open_, null_cut_, e);
+    bool n = false;
+    {
+        Level level(level_, budget_.max_nesting);
+        const int64_t* a = args(e);
+        switch (kind(e)) {
+            case K_REF: n = nullable(body(static_cast<int32_t>(a[0]))); break;
+            case K_UNORDERED: {
+                const Unordered& u = unordered_[a[0]];
+                const int64_t count = a[1];
+                bool complete = count >= u.lo;
+                for (size_t i = 0; i < u.words && complete; ++i) complete = (u.required[i] & ~static_cast<uint64_t>(a[2 + i])) == 0;
+                const int32_t last = u.last;
+                n = complete && (count == 0 || nullable(last));
+                break;
+            }
+            case K_FRAME: n = nullable(static_cast<int32_t>(a[0])); break;
+            case K_SEQ:
+                n = true;
+                for (int32_t m : spine(e))
+                    if (!nullable(m)) {
+                        n = false;
+                        break;
+                    }
+                break;
+            case K_ALT:
+                for (int32_t m : members(e)) n = nullable(m) || n;
+                break;
+            case K_AND:
+                n = true;
+                for (int32_t m : members(e)) n = nullable(m) && n;
+                break;
+            case K_NOT: n = !nullable(static_cast<int32_t>(a[0])); break;
+            case K_REPEAT: {
+                const int32_t item = static_cast<int32_t>(a[0]);
+                n = a[1] == 0 || nullable(item);
+                break;
+            }
+            default: n = kind(e) == K_EMPTY;
+        }
+    }
+    if (scope.close()) exprs_[e].null = n;
+    return n;
+}
+
+int32_t ExprCore::derive(int32_t e, int b) {
+    const auto found = deriv_.find(static_cast<int64_t>(e) * 256 + b);
+    return found != deriv_.end() ? found->second : d(e, b);
+}
+
+int32_t ExprCore::d(int32_t e, int b) {
+    const int64_t key = static_cast<int64_t>(e) * 256 + b;
+    const auto found = deriv_.find(key);
+    if (found != deriv_.end()) return found->second;
+    Level level(level_, budget_.max_nesting);
+    int32_t out;
+    if (kind(e) == K_REF || kind(e) == K_UNORDERED) {  // every cycle of derivatives passes through one
+        if (!deriving_.insert(key).second)
+            throw CoreError(CoreError::GRAMMAR, 0,
+                            "left-recursive grammar: a rule can reach itself without consuming input");
+        try {
+            out = derive_uncached(e, b);
+        } catch (...) {
+            deriving_.erase(key);
+            throw;
+        }
+        deriving_.erase(key);
+    } else {
+        out = derive_uncached(e, b);
+    }
+    deriv_[key] = out;
+    return out;
+}
+
+int32_t ExprCore::derive_uncached(int32_t e, int b) {
+    switch (kind(e)) {
+        case K_BYTES: {
+            ByteSet m;
+            std::memcpy(m.data(), args(e), sizeof m);
+            return test(m, b) ? EMPTY : NOTHING;
+        }
+        case K_SEQ: {  // along the spine while the heads may be empty
+            std::vector<int32_t> parts;
+            while (kind(e) == K_SEQ) {
+                const int32_t head = static_cast<int32_t>(args(e)[0]);
+                e = static_cast<int32_t>(args(e)[1]);
+                parts.push_back(mk_seq(d(head, b), e));
+                if (!nullable(head)) return mk_alt(parts);
+                const auto done = deriv_.find(static_cast<int64_t>(e) * 256 + b);
+                if (done != deriv_.end()) {
+                    parts.push_back(done->second);
+                    return mk_alt(parts);
+                }
+            }
+            parts.push_back(d(e, b));
+            return mk_alt(parts);
+        }
+        case K_ALT: {  // members that cannot start with b derive to NOTHING: skipped
+            std::vector<int32_t> parts;
+            for (int32_t m : members(e))
+                if (test(first_known_[m] ? first_[m] : first_bytes(m), b)) parts.push_back(d(m, b));
+            return mk_alt(parts);
+        }
+        case K_AND: {
+            std::vector<int32_t> parts;
+            for (int32_t m : members(e)) parts.push_back(d(m, b));
+            return mk_and(parts);
+        }
+        case K_NOT: return mk_not(d(static_cast<int32_t>(args(e)[0]), b));
+        case K_REPEAT: {
+            const int32_t item = static_cast<int32_t>(args(e)[0]);
+            const int64_t lo = args(e)[1], hi = args(e)[2];
+            const int32_t rest = mk_repeat(item, std::max<int64_t>(lo - 1, 0), hi < 0 ? -1 : hi - 1);
+            return mk_seq(d(item, b), rest);
+        }
+        case K_REF: return mk_frame(d(body(static_cast<int32_t>(args(e)[0])), b));
+        case K_UNORDERED: return d(expand_unordered(e), b);
+        case K_FRAME: return mk_frame(d(static_cast<int32_t>(args(e)[0]), b));
+        default: return NOTHING;
+    }
+}
+
+int32_t ExprCore::derive_bytes(int32_t e, const uint8_t* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) e = derive(e, data[i]);
+    return e;
+}
+
+std::vector<ByteSet> ExprCore::byte_classes(int32_t e) {
+    if (classes_[e] >= 0) return class_sets_[classes_[e]];
+    const auto open = class_open_.find(e);
+    if (open != class_open_.end()) {  // a cycle through rules adds no first byte of its own
+        class_cut_ = std::min(class_cut_, open->second);
+        return {ALL_BYTES};
+    }
+    CutScope scope(class_open_, class_cut_, e);
+    std::vector<ByteSet> parts{ALL_BYTES};
+    {
+        Level level(level_, budget_.max_nesting);
+        switch (kind(e)) {
+            case K_BYTES: {
+                ByteSet m, rest;
+                std::memcpy(m.data(), args(e), sizeof m);
+                for (int i = 0; i < 4; ++i) rest[i] = ~m[i];
+                parts.clear();
+                for (const ByteSet& p : {m, rest})
+                    if (any(p)) parts.push_back(p);
+                break;
+            }
+            case K_SEQ:  // the heads that may be empty and the one after them
+                for (int32_t m : spine(e)) {
+                    parts = refine(parts, byte_classes(m));
+                    if (!nullable(m)) break;
+                }
+                break;
+            case K_ALT:
+            case K_AND:
+                for (int32_t m : members(e)) parts = refine(parts, byte_classes(m));
+                break;
+            case K_NOT:
+            case K_REPEAT:
+            case K_FRAME: parts = byte_classes(static_cast<int32_t>(args(e)[0])); break;
+            case K_REF: parts = byte_classes(body(static_cast<int32_t>(args(e)[0]))); break;
+            case K_UNORDERED: parts = byte_classes(expand_unordered(e)); break;
+            default: break;
+        }
+    }
+    if (scope.close()) {
+        classes_[e] = static_cast<int32_t>(class_sets_.size());
+        class_sets_.push_back(parts);
+    }
+    return parts;
+}
+
+ByteSet ExprCore::first_bytes(int32_t e) {
+    if (first_known_[e]) return first_[e];
+    if (!first_busy_.insert(e).second) return ALL_BYTES;  // only left recursion cycles here
+    ByteSet out{};
+    try {
+        Level level(level_, budget_.max_nesting);
+        switch (kind(e)) {
+            case K_BYTES: std::memcpy(out.data(), args(e), sizeof out); break;
+            case K_SEQ:
+                for (int32_t m : spine(e)) {
+                    out = out | first_bytes(m);
+                    if (!nullable(m)) break;
+                }
+                break;
+            case K_ALT:
+                for (int32_t m : members(e)) out = out | first_bytes(m);
+                break;
+            case K_AND:
+                out = ALL_BYTES;
+                for (int32_t m : members(e)) out = out & first_bytes(m);
+                break;
+            case K_REPEAT:
+            case K_FRAME: out = first_bytes(static_cast<int32_t>(args(e)[0])); break;
+            case K_REF: out = first_bytes(body(static_cast<int32_t>(args(e)[0]))); break;
+            case K_UNORDERED: out = unordered_first(e); break;
+            case K_NOTHING:
+            case K_EMPTY: break;
+            default: out = ALL_BYTES;  // complement
+        }
+    } catch (...) {
+        first_busy_.erase(e);
+        throw;
+    }
+    first_busy_.erase(e);
+    first_[e] = out;
+    first_known_[e] = 1;
+    return out;
+}
+
+ByteSet ExprCore::unordered_first(int32_t e) {
+    const int32_t d = static_cast<int32_t>(args(e)[0]);
+    const int64_t count = args(e)[1];
+    const Unordered& u = unordered_[d];
+    const std::vector<uint64_t> seen(args(e) + 2, args(e) + 2 + u.words);
+    const std::vector<int32_t> items = u.items;
+    const int32_t extra = u.extra, first = u.first, sep = u.sep, last = u.last;
+    const int64_t lo = u.lo, hi = u.hi;
+    bool complete = count >= lo;
+    for (size_t i = 0; i < seen.size() && complete; ++i) complete = (u.required[i] & ~seen[i]) == 0;
+    ByteSet out{};
+    if (count && complete) out = first_bytes(last);
+    if (hi < 0 || count < hi) {
+        const int32_t lead = count == 0 ? first : sep;
+        out = out | first_bytes(lead);
+        if (nullable(lead)) {
+            for (size_t j = 0; j < items.size(); ++j)
+                if (!bit(seen.data(), seen.size(), j)) out = out | first_bytes(items[j]);
+            out = out | first_bytes(extra);
+        }
+    }
+    return out;
+}
+
+double ExprCore::min_completion(int32_t e) {
+    if (!std::isnan(min_[e])) return min_[e];
+    return structural_min<true>(e);
+}
+
+double ExprCore::min_bound(int32_t e) {
+    if (!std::isnan(min_[e])) return min_[e];
+    if (!std::isnan(bound_[e])) return bound_[e];
+    return structural_min<false>(e);
+}
+
+double ExprCore::boolean_bound(int32_t e) {
+    if (kind(e) != K_AND) return 0;
+    double out = -INF;
+    for (int32_t m : members(e)) out = std::max(out, min_bound(m));
+    return out;
+}
+
+// The shortest completion of e by its structure: exact (searching intersections and
+// complements) or a lower bound (never searching); one recursion for both, as in the twin.
+template <bool Exact>
+double ExprCore::structural_min(int32_t e) {
+    Level level(level_, budget_.max_nesting);
+    auto recurse = [this](int32_t m) { return Exact ? min_completion(m) : min_bound(m); };
+    const int64_t* a = args(e);
+    double out = INF;
+    switch (kind(e)) {
+        case K_AND:
+        case K_NOT: out = Exact ? search_min(e) : boolean_bound(e); break;
+        case K_BYTES: out = 1; break;
+        case K_EMPTY: out = 0; break;
+        case K_SEQ:
+            out = 0;
+            for (int32_t m : spine(e)) out += recurse(m);
+            break;
+        case K_ALT:
+            for (int32_t m : members(e)) out = std::min(out, recurse(m));
+            break;
+        case K_REPEAT: {
+            const int64_t lo = a[1];
+            out = lo == 0 ? 0 : static_cast<double>(lo) * recurse(static_cast<int32_t>(a[0]));
+            break;
+        }
+        case K_REF: out = rule_min_[a[0]]; break;
+        case K_UNORDERED: {
+            const std::vector<uint64_t> seen(a + 2, a + 2 + unordered_[a[0]].words);
+            out = unordered_min(static_cast<int32_t>(a[0]), seen.data(), a[1]);
+            break;
+        }
+        case K_FRAME: out = recurse(static_cast<int32_t>(a[0])); break;
+        default: break;
+    }
+    (Exact ? min_ : bound_)[e] = out;
+    return out;
+}
+
+// Best-first (A*) search for the nearest accepting derivative, guided by min_bound; when it gives
+// up, the least bound left on its frontier (a lower bound).
+double ExprCore::search_min(int32_t e) {
+    using Item = std::tuple<double, int64_t, int32_t>;  // (bound, -depth, state): the deepest of a bound first
+    std::priority_queue<Item, std::vector<Item>, std::greater<Item>> heap;
+    std::unordered_map<int32_t, int64_t> best{{e, 0}};
+    heap.emplace(min_bound(e), 0, e);
+    while (!heap.empty() && best.size() < LIVENESS_BUDGET) {
+        const auto [bound_here, neg, s] = heap.top();
+        heap.pop();
+        const int64_t depth = -neg;
+        const auto known = best.find(s);
+        if (known != best.end() && depth > known->second) continue;  // reached again by a shorter way
+        if (nullable(s)) return static_cast<double>(depth);
+        for (const ByteSet& part : byte_classes(s)) {
+            const int32_t n = derive(s, lowest(part));
+            if (n == NOTHING || live_[n] == 0) continue;
+            const auto seen = best.find(n);
+            if (seen != best.end() && depth + 1 >= seen->second) continue;
+            const double bound = min_bound(n);
+            if (bound == INF) continue;
+            best[n] = depth + 1;
+            heap.emplace(static_cast<double>(depth + 1) + bound, -(depth + 1), n);
+        }
+    }
+    return heap.empty() ? INF : std::get<0>(heap.top());
+}
+
+bool ExprCore::is_live(int32_t e) {
+    if (e == NOTHING) return false;
+    if (!exprs_[e].boolean) return true;  // smart constructors reduce every empty regular expression to NOTHING
+    if (live_[e] >= 0) return live_[e];
+    bool live = true;
+    {
+        Level level(level_, budget_.max_nesting);
+        switch (kind(e)) {
+            case K_SEQ:
+                for (int32_t m : spine(e))
+                    if (!is_live(m)) {
+                        live = false;
+                        break;
+                    }
+                break;
+            case K_ALT:
+                live = false;
+                for (int32_t m : members(e)) live = is_live(m) || live;
+                break;
+            case K_REPEAT: {
+                const int32_t item = static_cast<int32_t>(args(e)[0]);
+                live = args(e)[1] == 0 || is_live(item);
+                break;
+            }
+            case K_FRAME: live = is_live(static_cast<int32_t>(args(e)[0])); break;
+            default: live = search_live(e);
+        }
+    }
+    live_[e] = live;
+    return live;
+}
+
+// Breadth-first search from an intersection/complement state for acceptance; every state on the
+// path to a live one is live, and when everything reachable was explored, all of it is dead.
+bool ExprCore::search_live(int32_t e) {
+    std::unordered_map<int32_t, int32_t> parent{{e, e}};
+    std::vector<int32_t> frontier{e};
+    while (!frontier.empty() && parent.size() < LIVENESS_BUDGET) {
+        std::vector<int32_t> next;
+        for (int32_t s : frontier) {
+            if (nullable(s) || (s != e && (!exprs_[s].boolean || live_[s] == 1))) {
+                while (true) {  // the path back to e is live
+                    live_[s] = 1;
+                    if (s == e) return true;
+                    s = parent[s];
+                }
+            }
+            for (const ByteSet& part : byte_classes(s)) {
+                const int32_t n = derive(s, lowest(part));
+                if (n != NOTHING && live_[n] != 0 && parent.emplace(n, s).second) next.push_back(n);
+            }
+        }
+        frontier.swap(next);
+    }
+    if (!frontier.empty()) return true;  // gave up: a wrong "live" can only stall a walk
+    for (const auto& [s, _] : parent) live_[s] = 0;
+    return false;
+}
+
+int32_t ExprCore::clamp(int32_t e) {
+    const int64_t limit = clamp_limit;
+    if (limit < 0 || !exprs_[e].counted) return e;
+    if (clamped_[e] >= 0) return clamped_[e];
+    int32_t out = e;
+    switch (kind(e)) {
+        case K_SEQ: {
+            const std::vector<int32_t> parts = spine(e);
+            out = EMPTY;
+            for (size_t i = parts.size(); i-- > 0;) out = mk_seq(clamp(parts[i]), out);
+            break;
+        }
+        case K_ALT: {
+            std::vector<int32_t> parts;
+            for (int32_t m : members(e)) parts.push_back(clamp(m));
+            out = mk_alt(parts);
+            break;
+        }
+        case K_FRAME: out = mk_frame(clamp(static_cast<int32_t>(args(e)[0]))); break;
+        case K_REPEAT: {
+            const int32_t item = static_cast<int32_t>(args(e)[0]);
+            const int64_t lo = args(e)[1], hi = args(e)[2];
+            out = mk_repeat(clamp(item), std::min(lo, limit), hi < 0 || hi >= limit ? -1 : hi);
+            break;
+        }
+        default: break;
+    }
+    clamped_[e] = out;
+    return out;
+}
+
+bool ExprCore::alternatives(int32_t e, std::vector<int32_t>& out) {
+    switch (kind(e)) {
+        case K_ALT: out = members(e); return true;
+        case K_FRAME: return alternatives(static_cast<int32_t>(args(e)[0]), out);
+        case K_UNORDERED: {
+            const int32_t body = expand_unordered(e);
+            if (kind(body) != K_ALT) return false;
+            out = members(body);
+            return true;
+        }
+        case K_SEQ: {
+            const int32_t head = static_cast<int32_t>(args(e)[0]), tail = static_cast<int32_t>(args(e)[1]);
+            const Kind k = kind(head);
+            if (k != K_ALT && k != K_UNORDERED && k != K_FRAME) return false;
+            std::vector<int32_t> heads;
+            if (!alternatives(head, heads)) return false;
+            out.clear();
+            for (int32_t m : heads) out.push_back(mk_seq(m, tail));
+            return true;
+        }
+        default: return false;
+    }
+}
+
+int32_t ExprCore::step_bytes(int32_t e, const uint8_t* data, size_t n) {
+    int32_t s = e;
+    for (size_t i = 0; i < n && s != NOTHING; ++i) {
+        if (has_row(s)) {
+            s = buffers_.rows[static_cast<size_t>(s) * 256 + data[i]];
+        } else {  // the entry the row would hold: live derivatives only
+            s = derive(s, data[i]);
+            if (s != NOTHING && !is_live(s)) s = NOTHING;
+        }
+    }
+    return s;
+}
+
+std::string ExprCore::forced_bytes(int32_t e, size_t max_bytes) {
+    std::string out;
+    int32_t s = e;
+    while (out.size() < max_bytes && !nullable(s)) {
+        ensure_row(s);
+        const int32_t* row = buffers_.rows.get() + static_cast<size_t>(s) * 256;
+        int only = -1;
+        for (int b = 0; b < 256; ++b)
+            if (row[b] != NOTHING) {
+                if (only >= 0) return out;
+                only = b;
+            }
+        if (only < 0) break;
+        out.push_back(static_cast<char>(only));
+        s = row[only];
+    }
+    return out;
+}
+
+// --------------------------------------------------------------------------- transition rows
+
+void ExprCore::ensure_row(int32_t s) {
+    if (s < 0) throw std::out_of_range("ExprCore: state " + std::to_string(s) + " < 0");
+    if (static_cast<size_t>(s) >= exprs_.size())
+        throw std::out_of_range("ExprCore: no state " + std::to_string(s));
+    if (!has_row(s)) fill_row(s);
+}
+
+void ExprCore::fill_row(int32_t s) {
+    check_budget();
+    int32_t out[256] = {0};
+    for (const ByteSet& part : byte_classes(s)) {
+        const int32_t n = derive(s, lowest(part));
+        if (n != NOTHING && is_live(n))
+            for (int b = 0; b < 256; ++b)
+                if (test(part, b)) out[b] = n;
+    }
+    grow(std::max(static_cast<size_t>(s), exprs_.size()) + 1);
+    std::memcpy(buffers_.rows.get() + static_cast<size_t>(s) * 256, out, sizeof out);
+    buffers_.nullable[s] = nullable(s);
+    buffers_.done[s] = true;
+}
+
+void ExprCore::grow(size_t need) {
+    const size_t cap = buffers_.capacity;
+    if (need <= cap) return;
+    // Double, but not past the memory budget: at the end each row counts, not the capacity.
+    const double room = std::floor((budget_.max_bytes - static_cast<double>(exprs_.size() * EXPR_BYTES)) / ROW_BYTES);
+    const size_t new_cap = std::max(need, static_cast<size_t>(std::max(0.0, std::min(static_cast<double>(cap ? cap * 2 : need), room))));
+    RowBuffers grown;
+    grown.rows = std::shared_ptr<int32_t[]>(new int32_t[new_cap * 256]());
+    grown.done = std::shared_ptr<bool[]>(new bool[new_cap]());
+    grown.nullable = std::shared_ptr<bool[]>(new bool[new_cap]());
+    grown.capacity = new_cap;
+    if (cap) {  // walks reading the old buffers keep them alive until they end
+        std::memcpy(grown.rows.get(), buffers_.rows.get(), cap * 256 * sizeof(int32_t));
+        std::memcpy(grown.done.get(), buffers_.done.get(), cap);
+        std::memcpy(grown.nullable.get(), buffers_.nullable.get(), cap);
+    }
+    buffers_ = std::move(grown);
+}
+
+}  // namespace constrain

@@ -1,0 +1,221 @@
+// Brzozowski derivatives over the grammar IR in C++: the twin of constrain/derivatives.py.
+//
+// The same hash-consed expression table, smart constructors, derivatives, nullability, byte
+// classes, shortest completions, liveness searches and dense transition rows as the Python
+// ExprTable, with the same contract (constrain.derivatives' docstrings say why each exists).
+// Expression ids differ from the Python table's (interning order differs); languages, masks and
+// lengths do not. The IR arrives flattened (constrain/native_derivatives.py) and rule bodies are
+// converted lazily, as in the twin. Thread-safe: every public method takes the table's mutex;
+// none of them touches Python objects while holding it.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "packed_trie.hpp"
+
+namespace constrain {
+
+using ByteSet = std::array<uint64_t, 4>;
+
+enum Kind : uint8_t { K_NOTHING, K_EMPTY, K_BYTES, K_SEQ, K_ALT, K_AND, K_NOT, K_REPEAT, K_REF, K_FRAME, K_UNORDERED };
+// Kinds of flattened IR nodes (constrain/native_derivatives.py writes them).
+enum IrKind : int32_t { IR_BYTES, IR_SEQ, IR_ALT, IR_AND, IR_NOT, IR_REPEAT, IR_REF, IR_UNORDERED };
+
+constexpr int32_t NOTHING = 0;
+constexpr int32_t EMPTY = 1;
+constexpr double INF = std::numeric_limits<double>::infinity();
+
+// What the Python side turns into its own exceptions (GrammarError, BudgetExceededError, ...).
+struct CoreError : std::exception {
+    enum Code { GRAMMAR, NESTING, SECONDS, MAX_BYTES, MAX_STATES } code;
+    double limit;
+    std::string message;
+    CoreError(Code c, double l, std::string m) : code(c), limit(l), message(std::move(m)) {}
+    const char* what() const noexcept override { return message.c_str(); }
+};
+
+// The IR as flat arrays: node i has kind[i], children[offsets[i] .. offsets[i+1]) and the
+// parameters p0/p1 (Repeat: min, max or -1; Ref: rule or -1 when undefined, then p1 indexes
+// undefined_names; Unordered: min, max or -1). The k-th Bytes node's set is masks[k], the k-th
+// Unordered node's required items are required[k]; an Unordered node's children are its items,
+// then extra, first, sep, last. rule_nodes[r] is rule r's body, -1 until it is read.
+struct FlatIr {
+    std::vector<int32_t> kind, offsets, children;
+    std::vector<int64_t> p0, p1;
+    std::vector<ByteSet> masks;
+    std::vector<std::vector<uint64_t>> required;
+    std::vector<int32_t> rule_nodes;
+    std::vector<std::string> undefined_names;  // as Python's repr() of the name
+    std::unordered_map<uintptr_t, int32_t> source;  // the identity of each node's source object -> its index
+};
+
+// Where the IR comes from, read lazily (rule bodies are read the first time a derivative needs
+// them, as the twin converts them lazily): `rule(r)` appends rule r's nodes to the table's FlatIr
+// and sets its rule_nodes[r]; `node(source)` appends the nodes of one IR object and returns its
+// index. Both are called with the table's mutex held.
+struct IrSource {
+    std::function<void(int32_t)> rule;
+    std::function<int32_t(uintptr_t)> node;
+};
+
+struct Budget {
+    double seconds;
+    double max_bytes;
+    int64_t max_states;
+    int max_nesting;
+};
+
+// A filled-rows snapshot for walks: shared buffers stay alive while a walk reads them.
+struct RowBuffers {
+    std::shared_ptr<int32_t[]> rows;
+    std::shared_ptr<bool[]> done, nullable;
+    size_t capacity = 0;
+    RowTable view() const { return {rows.get(), done.get(), nullable.get(), capacity}; }
+};
+
+class ExprCore {
+public:
+    ExprCore(FlatIr ir, Budget budget, IrSource source);
+    FlatIr& ir() { return ir_; }
+
+    std::recursive_mutex& mutex() { return mutex_; }
+
+    // Units of work (a first compile, a new state's mask): the outermost sets the deadline.
+    void begin_work();
+    void end_work();
+
+    void set_rule_lengths(const std::vector<double>& lengths);
+    int32_t convert(int32_t node);        // intern flat IR node `node`
+    int32_t node_of(uintptr_t source);  // the flat node read from `source` (read now if it was not)
+    int32_t ref(int32_t rule);            // the start state of a rule (NOTHING if unproductive)
+    double exact_min(int32_t node) { return min_completion(convert(node)); }
+
+    size_t size() const { return exprs_.size(); }
+    size_t estimated_bytes() const;
+    int64_t clamp_limit = -1;
+
+    // Semantics (constrain/derivatives.py has the docstrings).
+    bool nullable(int32_t e);
+    int32_t derive(int32_t e, int b);
+    int32_t derive_bytes(int32_t e, const uint8_t* data, size_t n);
+    std::vector<ByteSet> byte_classes(int32_t e);
+    ByteSet first_bytes(int32_t e);
+    double min_completion(int32_t e);
+    double min_bound(int32_t e);
+    bool is_live(int32_t e);
+    int32_t clamp(int32_t e);
+    int32_t seq(int32_t a, int32_t b) { return mk_seq(a, b); }
+    bool alternatives(int32_t e, std::vector<int32_t>& out);
+    int32_t step_bytes(int32_t e, const uint8_t* data, size_t n);
+    std::string forced_bytes(int32_t e, size_t max_bytes);
+
+    // Structure, for the Python side (signatures, masks of unions and splits).
+    Kind kind(int32_t e) const { return static_cast<Kind>(exprs_[e].kind); }
+    const int64_t* args(int32_t e) const { return pool_.data() + exprs_[e].off; }
+    uint32_t arg_count(int32_t e) const { return exprs_[e].len; }
+    std::vector<int32_t> spine(int32_t e) const;
+
+    // Rows.
+    void ensure_row(int32_t s);
+    RowBuffers buffers() const { return buffers_; }
+    bool has_row(int32_t s) const { return static_cast<size_t>(s) < buffers_.capacity && buffers_.done[s]; }
+
+private:
+    struct Expr {
+        uint8_t kind;
+        bool boolean;  // contains And/Not: language may be empty though not NOTHING
+        bool counted;  // contains a repetition with counted bounds
+        int8_t null;   // -1 unknown
+        uint32_t off, len;
+    };
+    struct Unordered {
+        std::vector<int32_t> items;
+        std::vector<uint64_t> required;
+        int32_t extra, first, sep, last;
+        int64_t lo, hi;  // hi -1: unbounded
+        std::vector<double> item_mins;
+        double part_mins[4];  // extra, first, sep, last
+        size_t words;         // of a `seen` bitset
+    };
+
+    // Interning.
+    int32_t intern(uint8_t kind, const int64_t* a, uint32_t n, int8_t null, bool boolean);
+    void rehash();
+    uint64_t hash_of(uint8_t kind, const int64_t* a, uint32_t n) const;
+    void check_budget() const;
+    void nodes_added();  // checks the nodes read since the last call and sizes the per-node arrays
+
+    int32_t mk_bytes(const ByteSet& m);
+    int32_t mk_seq(int32_t a, int32_t b);
+    int32_t mk_alt(const std::vector<int32_t>& items);
+    int32_t mk_and(const std::vector<int32_t>& items);
+    int32_t mk_not(int32_t a);
+    int32_t mk_repeat(int32_t a, int64_t lo, int64_t hi);
+    int32_t mk_frame(int32_t e);
+    int32_t mk_ref(int32_t rule);
+    int32_t mk_unordered(int32_t d, const uint64_t* seen, int64_t count);
+    double unordered_min(int32_t d, const uint64_t* seen, int64_t count) const;
+    int32_t expand_unordered(int32_t e);
+    ByteSet unordered_first(int32_t e);
+    double ir_min(int32_t node, std::unordered_map<int32_t, double>& memo);
+    int32_t body(int32_t rule);
+    std::vector<int32_t> members(int32_t e) const;  // Alt/And members, or e itself
+
+    int32_t d(int32_t e, int b);
+    int32_t derive_uncached(int32_t e, int b);
+    double search_min(int32_t e);
+    double boolean_bound(int32_t e);
+    template <bool Exact>
+    double structural_min(int32_t e);
+    bool search_live(int32_t e);
+    void fill_row(int32_t s);
+    void grow(size_t need);
+
+    FlatIr ir_;
+    Budget budget_;
+    IrSource source_;
+    size_t n_masks_ = 0, n_unordered_ = 0;
+    std::recursive_mutex mutex_;
+    int work_depth_ = 0;
+    std::chrono::steady_clock::time_point deadline_{};
+    bool has_deadline_ = false;
+    int level_ = 0;
+
+    std::vector<Expr> exprs_;
+    std::vector<int64_t> pool_;
+    std::vector<uint64_t> hashes_;
+    std::vector<int32_t> slots_;  // open addressing over expression ids, -1 empty
+    std::vector<Unordered> unordered_;
+    std::vector<int32_t> converted_;  // per flat node, -1 not yet
+    std::vector<int32_t> rule_body_;  // per rule, -1 not yet
+    std::vector<double> rule_min_;
+    std::vector<int32_t> aux_;  // per flat node: a Bytes node's index in masks, an Unordered's in required
+
+    std::unordered_map<int64_t, int32_t> deriv_;
+    std::unordered_set<int64_t> deriving_;
+    // Per-expression caches, grown with exprs_.
+    std::vector<ByteSet> first_;
+    std::vector<uint8_t> first_known_;
+    std::unordered_set<int32_t> first_busy_;
+    std::vector<int32_t> classes_;  // index into class_sets_, -1 none
+    std::vector<std::vector<ByteSet>> class_sets_;
+    std::vector<double> min_, bound_;  // NaN unknown
+    std::vector<int8_t> live_;         // -1 unknown
+    std::vector<int32_t> clamped_, unordered_body_;
+    std::unordered_map<int32_t, int64_t> null_open_, class_open_;
+    int64_t null_cut_, class_cut_;
+
+    RowBuffers buffers_;
+};
+
+}  // namespace constrain
