@@ -47,7 +47,7 @@ class NativeExprTable(_core.ExprCore if _core is not None else object):  # type:
         if grammar.start not in grammar.rules:
             raise GrammarError(f"grammar has no start rule {grammar.start!r}")
         names = list(grammar.rules)
-        super().__init__(list(grammar.rules.values()), names, _IR_CLASSES, float(budget.seconds),
+        super().__init__(list(grammar.rules.values()), {n: i for i, n in enumerate(names)}, _IR_CLASSES, float(budget.seconds),
                          float(budget.max_bytes), int(budget.max_states), MAX_NESTING)
         self.grammar = grammar  # its nodes: the C++ table finds the ones ``_exact_min`` is asked by identity
         self.lock = threading.RLock()

@@ -271,10 +271,10 @@ nb::str interned(const char* name) { return nb::steal<nb::str>(PyUnicode_InternF
 // without recursion; a node met before (shared subtrees, other rules) is not read again.
 class IrReader {
 public:
-    IrReader(nb::list rules, const std::vector<std::string>& names, nb::tuple classes) : rules_(std::move(rules)) {
-        if (nb::len(rules_) != names.size()) throw nb::value_error("ExprCore: one rule body per name");
+    // `rule_ids`: rule name -> index (names are any str, lone surrogates included: never converted).
+    IrReader(nb::list rules, nb::dict rule_ids, nb::tuple classes) : rules_(std::move(rules)), rule_ids_(std::move(rule_ids)) {
+        if (nb::len(rules_) != nb::len(rule_ids_)) throw nb::value_error("ExprCore: one rule body per name");
         if (nb::len(classes) != 8) throw nb::value_error("ExprCore: the 8 IR classes, in IrKind order");
-        for (size_t i = 0; i < names.size(); ++i) rule_ids_.emplace(names[i], static_cast<int32_t>(i));
         for (size_t i = 0; i < 8; ++i) types_[i] = reinterpret_cast<PyTypeObject*>(classes[i].ptr());
     }
 
@@ -317,9 +317,10 @@ public:
                 }
             } else if (k == constrain::IR_REF) {
                 nb::object name = node.attr(name_);
-                const auto found = rule_ids_.find(nb::cast<std::string>(name));
-                if (found != rule_ids_.end()) {
-                    p0 = found->second;
+                PyObject* found = PyDict_GetItemWithError(rule_ids_.ptr(), name.ptr());  // borrowed
+                if (found == nullptr && PyErr_Occurred()) throw nb::python_error();
+                if (found != nullptr) {
+                    p0 = nb::cast<int64_t>(nb::handle(found));
                 } else {
                     p0 = -1;
                     p1 = static_cast<int64_t>(ir.undefined_names.size());
@@ -362,7 +363,7 @@ private:
     }
 
     nb::list rules_;
-    std::unordered_map<std::string, int32_t> rule_ids_;
+    nb::dict rule_ids_;
     PyTypeObject* types_[8];
     // Attribute names interned once: a name made per lookup would cost more than the lookup.
     nb::str items_ = interned("items"), item_ = interned("item"), mask_ = interned("mask"), min_ = interned("min"),
@@ -370,11 +371,11 @@ private:
     nb::str parts_[4] = {interned("extra"), interned("first"), interned("sep"), interned("last")};
 };
 
-ExprCore* make_core(ExprCore* self, nb::list rules, const std::vector<std::string>& names, nb::tuple classes,
-                    double seconds, double max_bytes, int64_t max_states, int max_nesting) {
-    auto reader = std::make_shared<IrReader>(rules, names, classes);
+ExprCore* make_core(ExprCore* self, nb::list rules, nb::dict rule_ids, nb::tuple classes, double seconds,
+                    double max_bytes, int64_t max_states, int max_nesting) {
+    auto reader = std::make_shared<IrReader>(rules, rule_ids, classes);
     constrain::FlatIr ir;
-    ir.rule_nodes.assign(names.size(), -1);
+    ir.rule_nodes.assign(nb::len(rules), -1);
     constrain::IrSource source{[reader, self](int32_t rule) {
                                    nb::gil_scoped_acquire acquire;
                                    reader->read_rule(self->ir(), rule);
@@ -477,9 +478,9 @@ void bind_expr_core(nb::module_& m) {
         "The expression table of constrain.derivatives in C++: interned expressions, their derivatives and their "
         "byte transition rows (constrain.native_derivatives.NativeExprTable is its Python face). Thread-safe; "
         "the GIL is released while it works.")
-        .def("__init__", &make_core, "rules"_a, "names"_a, "classes"_a, "seconds"_a, "max_bytes"_a, "max_states"_a,
+        .def("__init__", &make_core, "rules"_a, "rule_ids"_a, "classes"_a, "seconds"_a, "max_bytes"_a, "max_states"_a,
              "max_nesting"_a,
-             "The table of the IR rule bodies ``rules`` named ``names``; ``classes``: the IR node classes in "
+             "The table of the IR rule bodies ``rules``, rule ``i`` named by ``rule_ids`` (name -> i); ``classes``: the IR node classes in "
              "cpp/derivatives.hpp's IrKind order. The caller keeps the nodes alive (``exact_min`` finds them by "
              "identity).")
         .def("__len__", &ExprCore::size)
