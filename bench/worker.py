@@ -25,13 +25,6 @@ THREAD_ENV = {
 }
 
 
-def _summary(ns: list[int]) -> dict[str, float]:
-    if not ns:
-        return {}
-    s = sorted(ns)
-    return {"n": len(s), "mean_us": sum(s) / len(s) / 1e3, "max_us": s[-1] / 1e3}
-
-
 def run_case(engine: Any, masks: Any, case: dict, args: argparse.Namespace, send: Any) -> None:
     from bench.walk import check_instance, judge_doc, random_walk
     from constrain.testing.corpus import make_checker
@@ -79,7 +72,7 @@ def run_case(engine: Any, masks: Any, case: dict, args: argparse.Namespace, send
         r.update(valid=t["valid"], ntok=len(ids))
         instances.append(r)
     send({"phase": "done", "walks": walks, "walk_mask_ns": walk_ns, "instances": instances,
-          "inst_mask": _summary(inst_ns)})
+          "inst_mask_ns": inst_ns})
 
 
 def _exit_with_parent() -> None:
