@@ -13,8 +13,9 @@ GPU state table (``GraphStep`` over ``GraphRunner``).
   constrain, stored, never missed again; see ``StateCache``), resolved during the *next* step's
   forward (which reads tokens, not states) and patched in before that step's sample.
 - The budget-aware close near the end of a budget: the row points at its state's close row for
-  the budget's level (``StateCache.close``: computed on the host once per state and level, then
-  served from the table and advanced on the GPU like the state itself).
+  the budget's level (``Scheduler.table_row`` over ``StateCache.close``: computed on the host
+  once per state and level, then served from the table and advanced on the GPU like the state
+  itself).
 - Rows whose mask the table cannot give (a request that brings its own matcher, ``table=False``)
   have their matcher fill a mask on the host into a scratch row of the table, and point their
   state at it for that step.
@@ -25,7 +26,6 @@ batch bucket are parked (scratch KV column, unconstrained), so their replay touc
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import numpy as np
@@ -95,13 +95,14 @@ class GraphStep:
         self._out = run.fetch(len(batch)).numpy().copy()
         return [int(t) for t in self._out[0]]
 
-    def verify(self, batch: list[Row], masks: torch.Tensor, scheduler: Scheduler) -> list[list[int]]:
+    def verify(self, batch: list[Row], rows: torch.Tensor, scheduler: Scheduler) -> list[list[int]]:
         """Speculative step: pending + draft of every row in one pass of the static decoder (a
-        captured graph per bucket), masks from the host walk (``Scheduler._draft``), verified
-        by ``kernels.verify_draft``."""
+        captured graph per bucket), masks gathered from the table by the rows the drafts' walk
+        chose (``Scheduler._draft``), verified by ``kernels.verify_draft``."""
         run = self.runner
         self._resolve_pending()
-        width = masks.shape[1]
+        width = rows.shape[1]
+        masks = self.cache.table.masks[self._upload(rows.tolist())]
         logits = run.verify_forward([s.pending + s.draft for s in batch], [s.length for s in batch])
         # per row: the logits after its last pending token, then after each draft token
         pick = torch.as_tensor([[min(len(s.pending) - 1 + j, len(s.pending) + len(s.draft) - 1) for j in range(width)]
@@ -144,10 +145,11 @@ class GraphStep:
         run.states[rows] = torch.as_tensor(states, dtype=torch.int32, device=dev)
 
     def _prepare_masks(self, batch: list[Row], scheduler: Scheduler) -> bool:
-        """Point rows under the budget-aware close at their close rows (``StateCache.close``) and
-        write host masks into scratch rows for rows the table cannot serve; True if any row is
-        constrained. A closed row's sampled token advances to a table state on the GPU, so the
-        step after needs no patch unless the close still binds."""
+        """Point rows under the budget-aware close at their close rows (``Scheduler.table_row``)
+        and write host masks into scratch rows for rows the table cannot serve; True if any row
+        is constrained. A closed row's sampled token advances to a table state on the GPU, so the
+        step after needs no patch unless the close still binds. A matcher that raises fails its
+        own request (its token is discarded), not the batch."""
         hosted: list[int] = []
         rows: list[int] = []
         states: list[int] = []
@@ -158,11 +160,10 @@ class GraphStep:
                 scheduler.fill_mask(s, self._host, i)
                 hosted.append(i)
                 continue
-            left = scheduler.budget_left(s)
-            if left is not None:
+            row = scheduler.table_row(s, self.cache, self._gid[i])
+            if row is not None and row != self._gid[i]:
                 rows.append(i)
-                fill = functools.partial(self._host_mask, scheduler, s, i)
-                states.append(self.cache.close(self._gid[i], s.matcher, left, fill))
+                states.append(row)
         self._patch(rows, states)
         if hosted:
             self.cache.write_scratch(hosted, self._host[hosted])
@@ -170,10 +171,6 @@ class GraphStep:
                 self._hosted[i] = True
             self._patch(hosted, hosted)
         return any(s.matcher is not None for s in batch)
-
-    def _host_mask(self, scheduler: Scheduler, s: Row, i: int) -> torch.Tensor:
-        scheduler.fill_mask(s, self._host, i)
-        return self._host[i]
 
     def sync(self, batch: list[Row]) -> None:
         """Mirror the GPU's states; forced text moved a row where the GPU cannot know: patch it."""

@@ -20,6 +20,7 @@ from constrain import allocate_token_bitmask
 from constrain.engine.kv_cache import SlotKVCache
 from constrain.engine.sampler import sample
 from constrain.engine.speculative import verify_drafts
+from constrain.engine.state_cache import StateCache
 
 if TYPE_CHECKING:
     from constrain.engine.scheduler import Row, Scheduler
@@ -111,7 +112,8 @@ class EagerStep:
     """The scheduler's step backend on transformers' own forward (CPU, unsupported models).
 
     Old rows and new prompts are forwarded by two ragged ``extend`` calls; every constrained
-    row's matcher fills its bitmask row on the host; the fused sampler applies the masks.
+    row's matcher fills its bitmask row on the host; the fused sampler applies the masks. The
+    ``cache`` only serves speculation: drafts walk through it, verification gathers from it.
     """
 
     def __init__(self, runner: ModelRunner, vocab_size: int) -> None:
@@ -119,6 +121,8 @@ class EagerStep:
         self._bitmask = allocate_token_bitmask(runner.max_slots, vocab_size)
         if runner.device.type == "cuda":
             self._bitmask = self._bitmask.pin_memory()
+        self.cache = StateCache(self._bitmask.shape[1], runner.device, states=256, transitions=16,
+                                scratch_rows=runner.max_slots)
 
     @property
     def max_rows(self) -> int:
@@ -144,10 +148,10 @@ class EagerStep:
                         [s.draws for s in batch], mask, rows)
         return [int(t) for t in tokens.tolist()]
 
-    def verify(self, batch: list[Row], masks: torch.Tensor, scheduler: Scheduler) -> list[list[int]]:
+    def verify(self, batch: list[Row], rows: torch.Tensor, scheduler: Scheduler) -> list[list[int]]:
         logits = self.runner.extend(0, [s.pending + s.draft for s in batch], [s.length for s in batch],
                                     [len(s.draft) + 1 for s in batch])
-        return verify_drafts(logits, batch, masks)
+        return verify_drafts(logits, batch, self.cache.table.masks[rows.to(self.runner.device)])
 
     def sync(self, batch: list[Row]) -> None:
         """Nothing to mirror: the host matchers are the only constraint state."""

@@ -9,10 +9,11 @@ it with the target's masked probability p(x); at the first rejection the token c
 with x removed, renormalised; a bonus token follows a fully accepted draft. That is exactly
 plain masked sampling (greedy: a draft is accepted iff it is the masked argmax).
 
-The scheduler walks each row's matcher along its draft, filling one mask per position (the
-budget-aware close included), cuts the draft at the first token the mask forbids (so drafts
-always respect the constraint), and rolls the matcher back. The step backend forwards pending +
-draft in one ragged pass; ``verify`` masks every position, verifies greedy rows by one masked
+The scheduler walks each row's draft through the backend's state cache, picking one mask per
+position (the budget-aware close included; the row's matcher is walked, and rolled back, only
+where the cache has not seen a state), and cuts the draft at the first token the mask forbids
+(so drafts always respect the constraint). The step backend forwards pending + draft in one
+ragged pass and gathers the masks by their table rows; ``verify`` masks every position, verifies greedy rows by one masked
 argmax over the whole batch (``kernels.masked_argmax``: accepted iff the draft is the argmax)
 and sampled rows by ``kernels.verify_draft`` (torch twins on CPU). Rejected positions are simply
 not counted in the row's length, so the next forward overwrites their KV entries.
@@ -45,8 +46,8 @@ class Drafter(Protocol):
 
     def propose(self, row: Row, tail: list[int], k: int, scheduler: Scheduler) -> list[int]:
         """Up to ``k`` tokens to follow the row's prompt + generated tokens + ``tail`` (the draft
-        so far; the row's matcher is walked along it). State of its own goes in
-        ``row.drafter_state[self]``."""
+        so far; ``scheduler.forced_ids(row)`` answers at the state it is walked to). State of its
+        own goes in ``row.drafter_state[self]``."""
         ...
 
 
@@ -58,8 +59,7 @@ class ForcedDrafter:
     adaptive = False
 
     def propose(self, row: Row, tail: list[int], k: int, scheduler: Scheduler) -> list[int]:
-        m = row.matcher
-        if m is None or row.request.grammar is None or m.is_terminated():
+        if row.matcher is None or row.request.grammar is None:
             return []
         return scheduler.forced_ids(row)[:k]
 

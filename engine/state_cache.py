@@ -34,19 +34,27 @@ like any other. Why not per-token completion lengths on the GPU (mask AND length
 left): that needs every transition of a state in the table (most states load theirs lazily, a
 string body has ~120k) and a lookup per vocabulary token per row, where the close mask is
 shared by every budget of its level and by every request at that state.
+
+Drafts (``Scheduler._draft``) walk through the same cache on the host: ``successor`` (the
+(state, token) pairs the host resolved), ``row`` (a state's mask row, also kept on the host to
+test a draft token's bit), ``min_completion`` / ``binds`` / ``close`` (the budget-aware close)
+and ``token_row`` (one-token rows: forced text riding along a draft), so verification gathers
+every position's mask by its table row and the walk makes no matcher call at states it has
+seen. What the cache does not know yet it learns from a matcher standing at the state (an
+``at()`` callback: the row's matcher walked there), once per state for every request.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from constrain import CompiledGrammar
 from constrain.kernels import StateTable
-from constrain.matcher import budget_level
+from constrain.matcher import TERMINATED, budget_level
 
 EXPAND_ON_MISS = 2  # the miss out of a state that loads all its transitions (see the docstring)
 EXPAND_MAX_NEXT = 64  # load all transitions of a state when they reach at most this many states
@@ -54,12 +62,29 @@ EXPAND_MAX_TOKENS = 4096  # ... and it allows at most this many tokens; wider st
 MAX_EXCEPTIONS = 16384  # a wide state gets a default when at most this many tokens leave it elsewhere
 
 
+class StateSource(Protocol):
+    """What the cache asks of a matcher standing at a state it learns (``Matcher``'s verbs)."""
+
+    @property
+    def state(self) -> int: ...
+
+    def fill_next_token_bitmask(self, bitmask: np.ndarray, index: int = 0) -> None: ...
+
+    def min_completion_bytes(self) -> float: ...
+
+    def next_completions(self) -> list[float]: ...
+
+
+At = Callable[[], StateSource]  # a matcher standing at the state asked about (walked there on demand)
+
+
 class StateCache:
     """Global state ids over several compiled grammars, backed by one ``kernels.StateTable``.
 
     Ids ``0..scratch_rows-1`` are not grammar states: batch row ``i`` writes a mask of its own
-    there (the budget-aware close, a matcher with no compiled grammar) and points its state at
-    it; no transition leaves them, so the step after always misses back to the host.
+    there (a matcher with no compiled grammar) and points its state at it; no transition leaves
+    them, so the step after always misses back to the host. Close rows (``close``) and token
+    rows (``token_row``) are masks of their own too, never a state a row stands in.
     """
 
     def __init__(self, mask_words: int, device: torch.device | str, states: int = 1024,
@@ -69,13 +94,16 @@ class StateCache:
         self._grammars: dict[int, tuple[CompiledGrammar, int]] = {}  # id(cg) -> (cg, index)
         self._ids: dict[tuple[int, int], int] = {}  # (grammar index, local) -> global
         self.scratch_rows = scratch_rows
-        # global - scratch_rows -> (cg, local); a close row maps to its state's
-        self._where: list[tuple[CompiledGrammar, int]] = []
+        # global - scratch_rows -> (cg, local); a close row maps to its state's, a token row to None
+        self._where: list[tuple[CompiledGrammar, int] | None] = []
         self._misses_out: dict[int, int] = {}  # state -> misses out of it so far
-        self._stored: set[int] = set()  # global ids whose mask row is in the table
+        self._host: dict[int, np.ndarray] = {}  # row id -> its mask words, for every row in the table
         self._default: dict[int, int] = {}  # global id -> its default next global id
+        self._succ: dict[tuple[int, int], int] = {}  # (global id, token) -> next global id, host-resolved
+        self._min: dict[int, float] = {}  # global id -> its min_completion_bytes()
         self._levels: dict[int, list[float]] = {}  # global id -> its next_completions()
         self._close: dict[tuple[int, int], int] = {}  # (global id, budget level) -> close row id
+        self._tokens: dict[int, int] = {}  # token -> the row allowing only it
         self.misses = 0
         self.expansions = 0
         self.defaults = 0  # wide states given a default next state
@@ -87,23 +115,76 @@ class StateCache:
         self._store([gid])
         return gid
 
-    def close(self, gid: int, matcher: Any, tokens_left: int, fill: Callable[[], torch.Tensor]) -> int:
+    def local(self, gid: int) -> int:
+        """The grammar's own id of state ``gid`` (``TERMINATED`` after a stop token)."""
+        return self._state(gid)[1]
+
+    def successor(self, gid: int, token: int) -> int | None:
+        """The state after ``token`` where the host resolved the pair already, else None."""
+        return self._succ.get((gid, token))
+
+    def learn_successor(self, gid: int, token: int, local: int) -> int:
+        """Record that ``token`` leads ``gid`` to its grammar's state ``local`` (a matcher took
+        it); returns that state's global id."""
+        nxt = self._succ[(gid, token)] = self._global(self._state(gid)[0], local)
+        return nxt
+
+    def row(self, gid: int, at: At) -> np.ndarray:
+        """State ``gid``'s mask words (its row stored first if it is not): the state after a stop
+        token has no grammar state, so its row comes from the matcher there."""
+        got = self._host.get(gid)
+        if got is None:
+            if self.local(gid) == TERMINATED:
+                words = np.zeros((1, self.table.words), dtype=np.int32)
+                at().fill_next_token_bitmask(words, 0)
+                self._add_rows([gid], words)
+            else:
+                self._store([gid])
+            got = self._host[gid]
+        return got
+
+    def host_row(self, row: int) -> np.ndarray:
+        """The mask words of a row already in the table (a state's, a close or a token row)."""
+        return self._host[row]
+
+    def min_completion(self, gid: int, at: At) -> float:
+        """State ``gid``'s ``min_completion_bytes()``."""
+        got = self._min.get(gid)
+        if got is None:
+            got = self._min[gid] = at().min_completion_bytes()
+        return got
+
+    def binds(self, gid: int, at: At, tokens_left: int) -> bool:
+        """``Matcher.budget_binds`` at ``gid``: the close mask differs from the plain one iff some
+        next state's shortest completion does not fit, i.e. the level is below the top. (A state
+        with no next states: the matcher's rule binds below 2 tokens left, but the close mask
+        then equals the plain one, stop tokens only.)"""
+        levels = self._next_completions(gid, at)
+        return budget_level(levels, tokens_left) < len(levels)
+
+    def close(self, gid: int, at: At, tokens_left: int, fill: Callable[[], np.ndarray]) -> int:
         """Id of the row holding state ``gid``'s budget-aware close mask at ``tokens_left`` (the
-        close binds there; ``matcher`` stands at ``gid``). ``fill()`` computes the mask (the host
-        rule, fallback included) the first time the state meets the budget's level."""
-        levels = self._levels.get(gid)
-        if levels is None:
-            levels = self._levels[gid] = matcher.next_completions()
-        key = (gid, budget_level(levels, tokens_left))
+        close binds there). ``fill()`` computes the mask (the host rule, fallback included) the
+        first time the state meets the budget's level; if it raises, nothing is stored."""
+        key = (gid, budget_level(self._next_completions(gid, at), tokens_left))
         cid = self._close.get(key)
         if cid is None:
-            cid = self._close[key] = len(self._where) + self.scratch_rows
-            self._where.append(self._where[gid - self.scratch_rows])
-            self.table.add_states(torch.tensor([cid]), fill().reshape(1, -1))
+            words = np.array(fill(), dtype=np.int32).reshape(1, -1)
+            cid = self._close[key] = self._new_row(self._state(gid))
+            self._add_rows([cid], words)
             self.table.set_alias(cid, gid)
-            self._stored.add(cid)
             self.close_rows += 1
         return cid
+
+    def token_row(self, token: int) -> int:
+        """Id of a row allowing ``token`` alone (the mask of forced text riding along a draft)."""
+        tid = self._tokens.get(token)
+        if tid is None:
+            tid = self._tokens[token] = self._new_row(None)
+            words = np.zeros((1, self.table.words), dtype=np.uint32)
+            words[0, token >> 5] = 1 << (token & 31)
+            self._add_rows([tid], words.view(np.int32))
+        return tid
 
     def write_scratch(self, rows: Sequence[int], masks: torch.Tensor) -> None:
         """Mask rows ``masks`` (len(rows), words) into the scratch ids of batch ``rows``."""
@@ -117,7 +198,7 @@ class StateCache:
         out, pairs, new = [], [], []
         for gid, tok in zip(states, tokens):
             self.misses += 1
-            cg, local = self._where[gid - self.scratch_rows]
+            cg, local = self._state(gid)
             seen = self._misses_out[gid] = self._misses_out.get(gid, 0) + 1
             if seen == EXPAND_ON_MISS:
                 new.extend(self._expand(gid, cg, local))
@@ -125,7 +206,7 @@ class StateCache:
             if nxt < 0:
                 out.append(-1)
                 continue
-            ng = self._global(cg, nxt)
+            ng = self._succ[(gid, int(tok))] = self._global(cg, nxt)
             new.append(ng)
             if self._default.get(gid) != ng:  # the default needs no key
                 pairs.append((gid, int(tok), ng))
@@ -177,16 +258,32 @@ class StateCache:
         key = (entry[1], int(local))
         gid = self._ids.get(key)
         if gid is None:
-            gid = self._ids[key] = len(self._where) + self.scratch_rows
-            self._where.append((cg, int(local)))
+            gid = self._ids[key] = self._new_row((cg, int(local)))
         return gid
+
+    def _new_row(self, where: tuple[CompiledGrammar, int] | None) -> int:
+        """A new dense row id, standing for ``where`` (None: no state's)."""
+        self._where.append(where)
+        return len(self._where) - 1 + self.scratch_rows
+
+    def _state(self, gid: int) -> tuple[CompiledGrammar, int]:
+        where = self._where[gid - self.scratch_rows]
+        assert where is not None, f"row {gid} is a token row, not a state"
+        return where
+
+    def _next_completions(self, gid: int, at: At) -> list[float]:
+        levels = self._levels.get(gid)
+        if levels is None:
+            levels = self._levels[gid] = at().next_completions()
+        return levels
 
     def _store(self, gids: Sequence[int]) -> None:
         """Mask rows of the given states that the table does not hold yet."""
-        todo = sorted({g for g in gids if g not in self._stored})
-        if not todo:
-            return
-        where = [self._where[g - self.scratch_rows] for g in todo]
-        rows = np.stack([cg.state_mask(local) for cg, local in where])
-        self.table.add_states(torch.as_tensor(todo), torch.from_numpy(rows))
-        self._stored.update(todo)
+        todo = sorted({g for g in gids if g not in self._host})
+        if todo:
+            self._add_rows(todo, np.stack([cg.state_mask(local) for cg, local in map(self._state, todo)]))
+
+    def _add_rows(self, ids: list[int], rows: np.ndarray) -> None:
+        """Mask rows (len(ids), words) into the table, and their host copies."""
+        self.table.add_states(torch.as_tensor(ids), torch.from_numpy(rows))
+        self._host.update(zip(ids, rows))

@@ -10,12 +10,14 @@ tokens reaches, whatever drafts were proposed and rejected (hypothesis).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import random
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -42,6 +44,7 @@ from constrain.engine.speculative import (
     prefix_survival,
     verify,
 )
+from constrain.engine.state_cache import StateCache
 from constrain.engine.types import GenerationRequest
 from constrain.kernels import verify_draft_ref
 
@@ -610,3 +613,114 @@ def test_cli_flag_shows_its_default(capsys: pytest.CaptureFixture[str]) -> None:
         main(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--speculative {off,forced,lookup,forced+lookup}" in out and "(default: off)" in out
+
+
+# -- the drafts' walk through the state cache, against a matcher replayed from scratch ----------
+class _Planned:
+    """Proposes ``plan`` from the draft's position on (set before each draft)."""
+
+    adaptive = False
+    plan: list[int] = []
+
+    def propose(self, row: Row, tail: list[int], k: int, scheduler: Scheduler) -> list[int]:
+        return self.plan[len(tail):len(tail) + k]
+
+
+class _Counting:
+    """A correct matcher that counts the calls that walk it."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.walked = inner, 0
+
+    def accept_token(self, token: int) -> bool:
+        self.walked += 1
+        return self.inner.accept_token(token)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _CacheOnly:
+    """A step backend reduced to what drafting needs: its state cache."""
+
+    max_rows, max_len = 1, 4096
+
+    def __init__(self, words: int) -> None:
+        self.cache = StateCache(words, "cpu", states=64, transitions=16, scratch_rows=1)
+
+
+def _allowed(m: Any, words: int, tokens_left: int | None = None) -> Any:
+    bits = np.zeros((1, words), dtype=np.int32)
+    m.fill_next_token_bitmask(bits, 0, tokens_left=tokens_left)
+    return np.nonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))[0]
+
+
+def test_cached_draft_walk_equals_a_replayed_matcher() -> None:
+    """Random drafts (a random document's continuation, corrupted by random allowed and
+    forbidden tokens and stop tokens) on SmolLM2's tokenizer and the schemas above, each drafted
+    twice through one shared cache: at every walked position the state the cache reaches and the
+    mask row it picks (plain, budget-aware close, one-token forced text) are what a matcher
+    replayed over the row's tokens reaches and fills; the second time no matcher call is needed."""
+    eng = engine()
+    vocab, words = eng.vocab, (eng.vocab.vocab_size + 31) // 32
+    drafter = _Planned()
+    backend = _CacheOnly(words)
+    sched = Scheduler(backend, vocab, eng._encode,  # type: ignore[arg-type]
+                      speculative=SpeculativeConfig(drafters=(drafter,), max_draft=6, batch_width=False))
+    cache, eos = backend.cache, vocab.eos_token_ids[0]
+    rng = np.random.default_rng(0)
+    checked = closed = forced = 0
+    for k, schema in enumerate(SCHEMAS):
+        cg = Constraint.from_args(schema).compile(vocab)
+        for _ in range(4):
+            doc, m = [], cg.matcher()  # a random document, finished within 40 tokens
+            while len(doc) < 39 and not m.is_terminated():
+                doc.append(int(rng.choice(_allowed(m, words, 40 - len(doc)))))
+                assert m.accept_token(doc[-1])
+            for p in range(0, len(doc), 3):
+                m = cg.matcher()
+                assert all(m.accept_token(t) for t in doc[:p])
+                plan = doc[p:p + 8]
+                for j in range(len(plan)):
+                    r = rng.random()
+                    if r < 0.1:
+                        plan[j] = int(rng.integers(vocab.vocab_size))
+                    elif r < 0.15:
+                        plan[j] = eos
+                    elif r < 0.25:
+                        replay = cg.matcher()
+                        if all(replay.accept_token(t) for t in doc[:p] + plan[:j]) and not replay.is_terminated():
+                            plan[j] = int(rng.choice(_allowed(replay, words)))
+                request = GenerationRequest([1], cg, max_tokens=p + int(rng.integers(2, 30)),
+                                            force_tokens=bool(rng.random() < 0.7))
+                for again in (False, True):
+                    row = Row(0, request, _Counting(m), 0, request.max_tokens, [], generated=doc[:p])
+                    drafter.plan = plan
+                    state = m.state
+                    rows = sched._draft_all([row])
+                    assert row.finish_reason is None and m.state == state  # rolled back
+                    if again:
+                        assert row.matcher.walked == 0  # every state and pair known: no matcher walk
+                    if rows is None:
+                        continue
+                    gid = cache.enter(cg, state)
+                    replay = cg.matcher()
+                    assert all(replay.accept_token(t) for t in doc[:p])
+                    for j in range(len(row.draft) + 1):
+                        assert cache.local(gid) == replay.state
+                        want = np.zeros((1, words), dtype=np.int32)
+                        if j < len(row.draft) and row.draft_kind[j] == FORCED:
+                            want[0].view(np.uint32)[row.draft[j] >> 5] = 1 << (row.draft[j] & 31)
+                            forced += 1
+                        else:
+                            left = sched.budget_left(dataclasses.replace(row, matcher=replay), j)
+                            Scheduler._fill_close(replay, want, 0, left)
+                            closed += left is not None
+                        assert np.array_equal(cache.table.masks[int(rows[0, j])].numpy(), want[0]), (k, p, j)
+                        checked += 1
+                        if j < len(row.draft):
+                            assert replay.accept_token(row.draft[j])
+                            nxt = cache.successor(gid, row.draft[j])
+                            assert nxt is not None
+                            gid = nxt
+    assert checked > 500 and closed > 20 and forced > 20, (checked, closed, forced)
