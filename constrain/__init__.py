@@ -15,6 +15,7 @@ The ``compile_*`` functions use a default ``GrammarCompiler``; make your own to 
 
 from typing import Any
 
+from constrain.batch_matcher import BatchMatcher
 from constrain.bitmask import allocate_token_bitmask, bitmask_dtype, bitmask_words
 from constrain.budget import BudgetExceededError, CompileBudget
 from constrain.compiler import (
@@ -48,7 +49,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Vocabulary", "CompiledGrammar", "Matcher", "GrammarCompiler", "CompileBudget",
+    "Vocabulary", "CompiledGrammar", "Matcher", "BatchMatcher", "GrammarCompiler", "CompileBudget",
     "compile_json_schema", "compile_regex", "compile_lark", "compile_grammar",
     "get_default_compiler", "set_default_compiler",
     "allocate_token_bitmask", "bitmask_dtype", "bitmask_words",

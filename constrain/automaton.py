@@ -97,6 +97,16 @@ class TokenAutomaton:
                 self._masks.popitem(last=False)
             return got
 
+    def mask_is_cached(self, state: int, max_bytes: float | None = None) -> bool:
+        """Whether ``mask(state)`` is a cache hit and, with ``max_bytes`` (the budget-aware close),
+        whether that budget is known to leave the mask unchanged."""
+        if state not in self._masks:
+            return False
+        if max_bytes is None:
+            return True
+        got = self._max_next.get(state)
+        return got is not None and got <= max_bytes
+
     def _union_mask(self, state: int) -> np.ndarray | None:
         """Mask of ``a | b | ...`` as the union of the members' masks.
 

@@ -121,6 +121,14 @@ class Matcher:
         flags = np.unpackbits(bits.numpy().view(np.uint8), bitorder="little")
         return np.nonzero(flags)[0]
 
+    def mask_is_cached(self, tokens_left: int | None = None) -> bool:
+        """Whether the next fill with this ``tokens_left`` reads a cached mask: no walk, no new
+        state (``BatchMatcher`` fills such rows itself and gives the others to its threads)."""
+        s = self._history[-1]
+        if s == TERMINATED:
+            return True
+        return self._automaton.mask_is_cached(s, None if tokens_left is None else close_bytes(tokens_left))
+
     def budget_binds(self, tokens_left: int) -> bool:
         """Whether ``tokens_left`` makes the budget-aware mask differ from the plain one: some
         allowed token leads to a state whose shortest completion no longer fits. Engines use it
