@@ -2,8 +2,8 @@
 
     python3 bench/batch_fill.py --tokenizer llama3 --batches 64,256 --threads 16
 
-Each row is a different dev schema (JSONSchemaBench, those both engines compile) fed its first
-valid instance token by token, as a model's output would arrive; at every step every row accepts
+Each row is a dev schema (JSONSchemaBench, those both engines compile; ``--schemas`` distinct ones,
+cycled) fed its first valid instance token by token, as a model's output would arrive; at every step every row accepts
 its next token, then one call fills every row's mask: constrain's ``BatchMatcher``, xgrammar's
 ``BatchGrammarMatcher`` (same threads). Reported: ms per batch fill (mean, p50, p99) over the
 steps, every engine from fresh compiles (first visits of states count: a decode meets them).
@@ -27,8 +27,9 @@ from bench.compare import git_commit, machine
 from constrain.testing.corpus import DEFAULT_DATA, expand_subsets, load_cases
 
 
-def rows_of(tok: Any, batch: int, limit: int) -> list[tuple[dict, list[int]]]:
-    """(schema, instance tokens) for ``batch`` rows, schemas cycled if fewer compile."""
+def rows_of(tok: Any, batch: int, limit: int, distinct: int) -> list[tuple[dict, list[int]]]:
+    """(schema, instance tokens) for ``batch`` rows: ``distinct`` schemas (or fewer, if fewer
+    compile in both engines), cycled."""
     from bench.engines import ADAPTERS
 
     engines = [ADAPTERS[e](tok) for e in ("constrain", "xgrammar")]
@@ -45,7 +46,7 @@ def rows_of(tok: Any, batch: int, limit: int) -> list[tuple[dict, list[int]]]:
         except Exception:
             continue
         out.append((case.schema, ids))
-        if len(out) == batch:
+        if len(out) == min(batch, distinct):
             break
     return [out[i % len(out)] for i in range(batch)]
 
@@ -88,6 +89,8 @@ def main() -> None:
     ap.add_argument("--batches", default="64,256")
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--limit", type=int, default=1200, help="dev schemas to draw rows from")
+    ap.add_argument("--schemas", type=int, default=32,
+                    help="distinct schemas, cycled over the rows (rows of one schema share its compiled grammar)")
     ap.add_argument("--out", type=Path, default=None, help="JSON of every step's time")
     args = ap.parse_args()
     from bench.tok import load
@@ -98,7 +101,7 @@ def main() -> None:
           "compile + every fill, s |\n|---|---|--:|--:|--:|--:|--:|--:|--:|")
     raw: dict[str, Any] = {}
     for b in (int(x) for x in args.batches.split(",")):
-        rows = rows_of(tok, b, args.limit)
+        rows = rows_of(tok, b, args.limit, args.schemas)
         runs = {e: run(e, tok, rows, args.threads) for e in ("xgrammar", "constrain")}
         got = {e: np.array(t) for e, (_, t) in runs.items()}
         for e, t in got.items():
