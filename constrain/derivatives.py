@@ -887,31 +887,36 @@ class ExprTable:
             return live
 
     def _search_live(self, e: int) -> bool:
-        """Breadth-first search from an intersection/complement state for acceptance.
+        """Best-first (A*) search from an intersection/complement state for acceptance, guided by
+        ``_min_bound`` (a breadth-first search expands every byte class of every state up to the
+        depth of the nearest acceptance: aerleon's hostname pattern, 31k new states in one head
+        walk, 23k this way; nearest-bound-first without the depth, 141k).
 
-        It stops at the first state already known live (or accepting, or free of And/Not), and
-        every state on the path to it is live too: recorded, so the searches of neighbouring
-        states (a string body's next byte, the next token's states) end within a few steps.
-        When everything reachable was explored without success, all of it is dead.
+        It stops at the first state known live (or accepting, or free of And/Not), and every
+        state on the path to it is live too: recorded, so the searches of neighbouring states (a
+        string body's next byte, the next token's states) end within a few steps. When
+        everything reachable was explored without success, all of it is dead.
         """
         parent = {e: e}
-        frontier = [e]
-        while frontier and len(parent) < LIVENESS_BUDGET:
-            nxt = []
-            for s in frontier:
-                if self.nullable(s) or (s != e and (not self._boolean[s] or self._live.get(s))):
-                    while True:  # the path back to e is live
-                        self._live[s] = True
-                        if s == e:
-                            return True
-                        s = parent[s]
-                for part in self.byte_classes(s):
-                    n = self.derive(s, (part & -part).bit_length() - 1)
-                    if n != NOTHING and n not in parent and self._live.get(n) is not False:
-                        parent[n] = s
-                        nxt.append(n)
-            frontier = nxt
-        if frontier:
+        heap = [(self._min_bound(e), 0, e)]  # (depth + bound, -depth, state): the deepest of a bound first
+        while heap and len(parent) < LIVENESS_BUDGET:
+            _, neg, s = heapq.heappop(heap)
+            if self.nullable(s) or (s != e and (not self._boolean[s] or self._live.get(s))):
+                while True:  # the path back to e is live
+                    self._live[s] = True
+                    if s == e:
+                        return True
+                    s = parent[s]
+            for part in self.byte_classes(s):
+                n = self.derive(s, (part & -part).bit_length() - 1)
+                if n == NOTHING or n in parent or self._live.get(n) is False:
+                    continue
+                bound = self._min_bound(n)
+                if bound == INFINITE:
+                    continue  # no completion at all: dead
+                parent[n] = s
+                heapq.heappush(heap, (1 - neg + bound, neg - 1, n))
+        if heap:
             return True  # gave up: a wrong "live" can only stall a walk, never admit a bad byte
         for s in parent:
             self._live[s] = False
