@@ -174,6 +174,11 @@ class StepBackend(Protocol):
         correction or bonus."""
         ...
 
+    def step_time(self, rows: int, width: int) -> float | None:
+        """Time of a forward of ``width`` tokens per row over ``rows`` rows, a one-token plain
+        step's being 1, where the backend measured it; None: the scheduler's default model."""
+        ...
+
     def sync(self, batch: list[Row]) -> None:
         """After the scheduler advanced the rows' matchers (forced text included)."""
         ...
@@ -535,15 +540,14 @@ class Scheduler:
 
     def _step_time(self, batch: list[Row], cut: list[int]) -> float:
         """Time of a step forwarding each row's pending tokens and its draft cut to ``cut``, a
-        one-token plain step's being 1: the backend's measured table where it has this bucket
+        one-token plain step's being 1: the backend's ``step_time`` where it measured this bucket
         (``GraphRunner.step_time``: each captured forward timed once; pending forced text makes
         even a plain step a several-token pass there), else the default model
         1 + cost * (longest draft)."""
         width = max(len(s.pending) + c for s, c in zip(batch, cut))
         if width == 1:
             return 1.0
-        table = getattr(getattr(self.backend, "runner", None), "step_time", None)
-        t = table(len(batch), width) if table is not None else None
+        t = self.backend.step_time(len(batch), width)
         assert self.speculative is not None
         return t if t is not None else 1.0 + self.speculative.cost * max(cut)
 

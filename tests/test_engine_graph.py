@@ -163,6 +163,13 @@ class _RaisingFill(_Refusing):
         return self.inner.accept_token(token)
 
 
+class _RaisingBudget(_Refusing):
+    """A broken matcher whose answers to the budget-aware close raise (asked before any mask)."""
+
+    def min_completion_bytes(self) -> float:
+        raise RuntimeError("broken budget")
+
+
 @pytest.mark.parametrize("path", ["eager", "table", "host"])
 def test_a_broken_matcher_fails_only_its_own_request(path: str) -> None:
     eng = engine()
@@ -171,15 +178,19 @@ def test_a_broken_matcher_fails_only_its_own_request(path: str) -> None:
     refusing = GenerationRequest(healthy[1].prompt_ids, digits, max_tokens=6, matcher=_Refusing(digits.matcher(), 1))
     empty = GenerationRequest(healthy[1].prompt_ids, None, max_tokens=6, matcher=_Empty(digits.matcher(), 9))
     raising = GenerationRequest(healthy[1].prompt_ids, None, max_tokens=6, matcher=_RaisingFill(digits.matcher(), 1))
-    reqs = [healthy[0], refusing, healthy[2], empty, raising, healthy[3]]
+    # with its grammar: on the table path the close is decided outside any mask fill
+    three = eng.compile(Constraint.from_args(regex=r"[0-9]{3}"))
+    budget = GenerationRequest(healthy[1].prompt_ids, three, max_tokens=6, matcher=_RaisingBudget(three.matcher(), 9))
+    reqs = [healthy[0], refusing, healthy[2], empty, raising, budget, healthy[3]]
     got = _eager(eng, reqs) if path == "eager" else _graph(eng, reqs, table=path == "table")[0]
     alone = _eager(eng, [healthy[0], healthy[2], healthy[3]])
     assert [r.finish_reason for r in got] == [alone[0].finish_reason, "error", alone[1].finish_reason, "error",
-                                              "error", alone[2].finish_reason]
+                                              "error", "error", alone[2].finish_reason]
     assert "refused token" in got[1].error and "empty mask" in got[3].error and "broken fill" in got[4].error
+    assert "broken budget" in got[5].error and not got[5].token_ids
     assert len(got[1].token_ids) == 1 and not got[1].valid
     assert len(got[4].token_ids) == 2  # two tokens accepted, then the third mask raised
-    assert [r.token_ids for r in (got[0], got[2], got[5])] == [r.token_ids for r in alone]
+    assert [r.token_ids for r in (got[0], got[2], got[6])] == [r.token_ids for r in alone]
 
 
 def test_bad_requests_fail_alone() -> None:

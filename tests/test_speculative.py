@@ -598,6 +598,28 @@ def test_costly_verification_falls_back_to_plain_steps() -> None:
     assert sum(r.draft_tokens for r in got) == 0
 
 
+class _PricedStep(EagerStep):
+    """An eager backend that measured every verification far above what its tokens bring."""
+
+    def step_time(self, rows: int, width: int) -> float | None:
+        return 1000.0 ** width
+
+
+def test_the_backends_step_time_prices_verification() -> None:
+    """The batch width comes from the backend's ``step_time``: a backend pricing verification far
+    above its tokens gets plain steps only (plain decoding's output); the eager default verifies."""
+    model, grammars = _fuzz_setup()
+    reqs = [GenerationRequest(list(f"{i}: ".encode()), g, max_tokens=12, stop_token_ids=frozenset([EOS]))
+            for i, g in enumerate(grammars)]
+    want = run_requests(_byte_scheduler(model, 4, None), reqs)
+    priced = Scheduler(_PricedStep(ModelRunner(model, 4, 64), BYTES.vocab_size), BYTES,
+                       lambda text: list(text.encode()), speculative="forced")
+    got = run_requests(priced, reqs)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert sum(g.draft_tokens for g in got) == 0
+    assert sum(g.draft_tokens for g in run_requests(_byte_scheduler(model, 4, "forced"), reqs)) > 0
+
+
 def test_config_parse() -> None:
     assert SpeculativeConfig.parse("off") is None and SpeculativeConfig.parse(None) is None
     assert SpeculativeConfig.parse(True) == SpeculativeConfig()
