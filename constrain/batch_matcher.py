@@ -1,10 +1,11 @@
 """Filling many matchers' bitmask rows in one call, over a pool of threads.
 
 A state met before is a cached mask and a copy; a new state is a trie walk with derivatives in
-C++, which releases the GIL, so new states of different grammars are masked side by side. The
-rows whose masks are cached are filled in the calling thread (threads would only add overhead);
-the others go to the pool, one task per grammar (a grammar computes its new masks one at a time,
-under its own lock). xgrammar's ``BatchGrammarMatcher`` does the same job with the same verbs.
+C++, which releases the GIL, so new states of different grammars are masked side by side.
+``prepare`` computes the masks not cached yet on the pool, one task per grammar (a grammar masks
+its new states one at a time, under its own lock); the rows are then filled from the cache in the
+calling thread (threads would only add overhead there). xgrammar's ``BatchGrammarMatcher`` does the
+same job with the same verbs; engines that fill rows their own way call ``prepare`` first.
 """
 
 from __future__ import annotations
@@ -45,40 +46,60 @@ class BatchMatcher:
                                       indices: Sequence[int] | None = None, *,
                                       tokens_left: Sequence[int | None] | None = None) -> None:
         """``matchers[i].fill_next_token_bitmask(bitmask, indices[i], tokens_left=tokens_left[i])``
-        for every ``i`` (``indices`` default: rows ``0 .. len(matchers) - 1``).
+        for every ``i`` (``indices`` default: rows ``0 .. len(matchers) - 1``): ``prepare``, then
+        every row filled from the cache.
 
         Every row is attempted; if some raise, the first error is raised afterwards, with a note
         naming its row (the other rows are filled).
         """
-        check_instance(matchers, "BatchMatcher.batch_fill_next_token_bitmask(matchers)", (list, tuple),
-                       "a list of constrain.Matcher")
-        n = len(matchers)
+        n = len(self._checked(matchers))
         rows = list(range(n)) if indices is None else list(indices)
-        budgets = [None] * n if tokens_left is None else list(tokens_left)
-        for name, values in (("indices", rows), ("tokens_left", budgets)):
-            if len(values) != n:
-                raise ValueError(f"BatchMatcher.batch_fill_next_token_bitmask({name}) has {len(values)} entries "
-                                 f"for {n} matchers")
-        groups: dict[int, list[tuple[Matcher, int, int | None]]] = {}
+        budgets = self._budgets(tokens_left, n)
+        if len(rows) != n:
+            raise ValueError(f"BatchMatcher.batch_fill_next_token_bitmask(indices) has {len(rows)} entries "
+                             f"for {n} matchers")
+        self.prepare(matchers, budgets)
         errors: list[tuple[int, BaseException]] = []
-        for i, m in enumerate(matchers):
-            check_instance(m, f"BatchMatcher.batch_fill_next_token_bitmask(matchers[{i}])", Matcher,
-                           "a constrain.Matcher")
-            if m.mask_is_cached(budgets[i]):
-                _fill(m, bitmask, rows[i], budgets[i], errors)
-            else:
-                groups.setdefault(id(m._automaton), []).append((m, rows[i], budgets[i]))
-        if len(groups) == 1 or self.max_threads == 1:
-            for group in groups.values():
-                _fill_group(group, bitmask, errors)
-        elif groups:
-            pool = self._get_pool()
-            for done in [pool.submit(_fill_group, group, bitmask, errors) for group in groups.values()]:
-                done.result()
+        for m, row, budget in zip(matchers, rows, budgets):
+            try:
+                m.fill_next_token_bitmask(bitmask, row, tokens_left=budget)
+            except Exception as e:  # every row is attempted; the first error is raised below
+                errors.append((row, e))
         if errors:
-            row, error = min(errors, key=lambda e: e[0])
+            row, error = errors[0]
             error.add_note(f"(while filling bitmask row {row} in BatchMatcher.batch_fill_next_token_bitmask)")
             raise error
+
+    def prepare(self, matchers: Sequence[Matcher], tokens_left: Sequence[int | None] | None = None) -> None:
+        """Compute, over the pool, the masks the next fills of ``matchers`` need and that are not
+        cached yet (the masks are what every later fill of those states reads). A matcher whose
+        mask raises is left alone here: its own fill raises the same error."""
+        budgets = self._budgets(tokens_left, len(self._checked(matchers)))
+        groups: dict[int, list[tuple[Matcher, int | None]]] = {}
+        for m, budget in zip(matchers, budgets):
+            if not m.mask_is_cached(budget):
+                groups.setdefault(id(m._automaton), []).append((m, budget))
+        if len(groups) <= 1 or self.max_threads == 1:
+            for group in groups.values():
+                _warm(group)
+            return
+        pool = self._get_pool()
+        for done in [pool.submit(_warm, group) for group in groups.values()]:
+            done.result()
+
+    @staticmethod
+    def _checked(matchers: Sequence[Matcher]) -> Sequence[Matcher]:
+        check_instance(matchers, "BatchMatcher(matchers)", (list, tuple), "a list of constrain.Matcher")
+        for i, m in enumerate(matchers):
+            check_instance(m, f"BatchMatcher(matchers[{i}])", Matcher, "a constrain.Matcher")
+        return matchers
+
+    @staticmethod
+    def _budgets(tokens_left: Sequence[int | None] | None, n: int) -> list[int | None]:
+        budgets: list[int | None] = [None] * n if tokens_left is None else list(tokens_left)
+        if len(budgets) != n:
+            raise ValueError(f"BatchMatcher(tokens_left) has {len(budgets)} entries for {n} matchers")
+        return budgets
 
     def _get_pool(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -100,15 +121,11 @@ class BatchMatcher:
         self.close()
 
 
-def _fill(m: Matcher, bitmask: torch.Tensor | np.ndarray, row: int, tokens_left: int | None,
-          errors: list[tuple[int, BaseException]]) -> None:
-    try:
-        m.fill_next_token_bitmask(bitmask, row, tokens_left=tokens_left)
-    except Exception as e:  # every row is attempted; the caller raises the first
-        errors.append((row, e))
-
-
-def _fill_group(group: list[tuple[Matcher, int, int | None]], bitmask: torch.Tensor | np.ndarray,
-                errors: list[tuple[int, BaseException]]) -> None:
-    for m, row, tokens_left in group:
-        _fill(m, bitmask, row, tokens_left, errors)
+def _warm(group: list[tuple[Matcher, int | None]]) -> None:
+    """The masks of one grammar's matchers (a scratch row: only the cache they fill is kept)."""
+    for m, tokens_left in group:
+        scratch = np.zeros((1, m._automaton.n_words), dtype=np.int32)
+        try:
+            m.fill_next_token_bitmask(scratch, 0, tokens_left=tokens_left)
+        except Exception:  # the matcher's own fill raises it again, where it is reported
+            pass

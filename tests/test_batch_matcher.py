@@ -56,6 +56,11 @@ def test_batch_fill_equals_one_fill_per_row(as_numpy: bool) -> None:
             got.fill_(0)
             batch.batch_fill_next_token_bitmask(fresh, target, rows, tokens_left=budgets)  # now all cached
             assert torch.equal(got[2:], alone[2:])
+        ahead = matchers_at_many_states(vocab)
+        assert not all(m.mask_is_cached() for m in ahead)
+        with constrain.BatchMatcher(max_threads=threads) as batch:
+            batch.prepare(ahead)  # what an engine filling rows its own way calls first
+        assert all(m.mask_is_cached() for m in ahead)
 
 
 def test_a_failing_row_is_named_and_the_others_are_filled() -> None:
