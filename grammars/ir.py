@@ -51,6 +51,7 @@ class Node:
         return self._min_length
 
     def cache_min_length(self, value: float) -> None:
+        """Only for a subtree without ``Ref``: ``analysis.refs`` does not look inside a node that has one."""
         object.__setattr__(self, "_min_length", value)
 
     def __hash__(self) -> int:
@@ -210,13 +211,17 @@ def byte_set(values: Iterable[int] | bytes | range) -> Node:
     return Bytes(mask)
 
 
+# One node per byte, shared by every literal: built once, hashed and measured once.
+_BYTE: tuple[Node, ...] = tuple(Bytes(1 << b) for b in range(256))
+
+
 @lru_cache(maxsize=65536)
 def literal(text: bytes | str) -> Node:
     """Exactly ``text`` (a ``str`` is encoded as UTF-8); nodes are immutable, so shared."""
     data = text.encode("utf-8") if isinstance(text, str) else text
     if len(data) == 1:
-        return Bytes(1 << data[0])
-    return Seq(tuple(Bytes(1 << b) for b in data))
+        return _BYTE[data[0]]
+    return Seq(tuple(map(_BYTE.__getitem__, data)))
 
 
 def seq(*items: Node) -> Node:
@@ -235,16 +240,21 @@ def seq(*items: Node) -> Node:
 def alt(*items: Node) -> Node:
     """Union, flattened and de-duplicated (order kept); byte sets are merged."""
     out: list[Node] = []
-    seen: set[Node] = set()
+    seen: set[Node] | None = None  # made at the second part: a lone part is never hashed (deep on a fresh tree)
     mask = 0
     for item in items:
         parts = item.items if isinstance(item, Alt) else (item,)
         for part in parts:
             if isinstance(part, Bytes):
                 mask |= part.mask
-            elif part not in seen:
-                seen.add(part)
+            elif not out:
                 out.append(part)
+            else:
+                if seen is None:
+                    seen = {out[0]}
+                if part not in seen:
+                    seen.add(part)
+                    out.append(part)
     if mask:
         out.insert(0, Bytes(mask))
     if not out:

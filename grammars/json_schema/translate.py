@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal
 
 from constrain.grammars.analysis import INFINITE
@@ -39,6 +40,7 @@ from constrain.grammars.json_schema.json_strings import (
     canonical_char,
     json_char,
     json_text,
+    string_literal,
 )
 from constrain.grammars.json_schema.literals import Incomplete, complete_value_ir, is_integral, value_ir
 from constrain.grammars.json_schema.normalize import Normalizer
@@ -82,6 +84,15 @@ _ANNOTATIONS = frozenset({
 _EXPONENT_FREE = seq(optional(MINUS), NATURAL, optional(FRACTION))
 # With indent, how deep values may nest (rules are made per depth).
 MAX_INDENT_DEPTH = 48
+
+
+@lru_cache(maxsize=65536)
+def _key_body_literal(key: str) -> Node:
+    """``Translator.key_body_literal``, shared: every object that excludes its declared keys from
+    additional ones spells them again, and a node made once is hashed once."""
+    lit = string_literal(key)
+    return Seq(lit.items[1:-1]) if isinstance(lit, Seq) and len(lit.items) > 3 else (
+        lit.items[1] if isinstance(lit, Seq) and len(lit.items) == 3 else EMPTY)
 
 
 class Translator:
@@ -341,11 +352,7 @@ class Translator:
 
     def key_body_literal(self, key: str) -> Node:
         """The canonical spelling of ``key`` without its quotes."""
-        from constrain.grammars.json_schema.json_strings import string_literal
-
-        lit = string_literal(key)
-        return Seq(lit.items[1:-1]) if isinstance(lit, Seq) and len(lit.items) > 3 else (
-            lit.items[1] if isinstance(lit, Seq) and len(lit.items) == 3 else EMPTY)
+        return _key_body_literal(key)
 
     def property_names_ir(self, sub: Sub) -> Node:
         """Key bodies (canonical spelling) allowed by ``propertyNames``."""
