@@ -25,16 +25,20 @@ def children(node: Node) -> tuple[Node, ...]:
 
 
 def refs(node: Node) -> set[str]:
+    """Names of the rules ``node`` refers to.
+
+    Called on every rule of every grammar, so it walks only what may hold a reference: a node
+    whose length is cached is rule-free (``MinLength`` caches only those), which skips the shared
+    byte nodes of literals (two thirds of a JSON Schema grammar) and the character classes,
+    formats and patterns shared between grammars; each other subtree is walked once."""
     out: set[str] = set()
     stack, seen = [node], set()
     while stack:
         n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
         if isinstance(n, ir.Ref):
             out.add(n.name)
-        else:
+        elif n._min_length is None and id(n) not in seen:
+            seen.add(id(n))
             stack.extend(children(n))
     return out
 
@@ -169,7 +173,9 @@ class MinLength:
     def __init__(self, rule_mins: Mapping[str, float], exact: Callable[[Node], float] | None = None) -> None:
         self.rule_mins = rule_mins
         self.exact = exact
-        self.memo: dict[int, float] = {}  # by identity (the grammar keeps every node alive)
+        # By identity (the grammar keeps every node alive): lengths that depend on the rules or took
+        # a lower bound, with whether they took one (a node seen again passes both on to its user).
+        self.memo: dict[int, tuple[float, bool]] = {}
         self.refs_seen = 0
         self.bounds_seen = 0  # lower bounds taken for And/Not
         self.level = 0  # recursion depth, bounded by MAX_NESTING
@@ -178,11 +184,14 @@ class MinLength:
         return self.rule_mins.get(name, INFINITE)
 
     def __call__(self, node: Node) -> float:
-        got = node.cached_min_length
-        if got is None:
-            got = self.memo.get(id(node))
+        got = node._min_length
         if got is not None:
             return got
+        hit = self.memo.get(id(node))
+        if hit is not None:
+            self.refs_seen += 1  # so the user is not cached as rule-free and exact either
+            self.bounds_seen += hit[1]
+            return hit[0]
         if self.level >= MAX_NESTING:
             raise nesting_error()
         self.level += 1
@@ -197,9 +206,9 @@ class MinLength:
         if isinstance(node, ir.Bytes):
             out: float = 1 if node.mask else INFINITE
         elif isinstance(node, ir.Seq):
-            out = sum([self(i) for i in node.items], 0.0)
+            out = sum(self._each(node.items), 0.0)
         elif isinstance(node, ir.Alt):
-            out = min([self(i) for i in node.items], default=INFINITE)
+            out = min(self._each(node.items), default=INFINITE)
         elif isinstance(node, (ir.And, ir.Not)):
             out = self._boolean(node)
         elif isinstance(node, ir.Repeat):
@@ -208,9 +217,14 @@ class MinLength:
                     f"repetition of at least {node.min} iterations: more than {MAX_REPEAT} "
                     "(constrain.grammars.analysis.MAX_REPEAT) would be decoded one state per iteration; "
                     "lower its minimum")
-            out = 0 if node.min == 0 else node.min * self(node.item)
+            if node.min:
+                out = node.min * self(node.item)
+            else:
+                out = 0
+                if not isinstance(node.item, ir.Bytes) and node.item._min_length is None:
+                    self.refs_seen += 1  # not measured, so perhaps not rule-free: ``refs`` trusts what is cached
         elif isinstance(node, ir.Unordered):
-            out = ir.unordered_min_length([self(i) for i in node.items], node.required_mask(), self(node.extra),
+            out = ir.unordered_min_length(self._each(node.items), node.required_mask(), self(node.extra),
                                           (self(node.first), self(node.sep), self(node.last)), node.min, node.max)
         elif isinstance(node, ir.Ref):
             self.refs_seen += 1
@@ -220,8 +234,13 @@ class MinLength:
         if self.refs_seen == refs_before and self.bounds_seen == bounds_before:
             node.cache_min_length(out)  # exact and rule-free: true in every grammar
         else:
-            self.memo[id(node)] = out
+            self.memo[id(node)] = (out, self.bounds_seen != bounds_before)
         return out
+
+    def _each(self, items: tuple[Node, ...]) -> list[float]:
+        """The lengths of ``items``, those cached on the node read in place (most items are the
+        shared bytes of literals: a call each would be most of the measuring)."""
+        return [self(i) if (m := i._min_length) is None else m for i in items]
 
     def _boolean(self, node: ir.And | ir.Not) -> float:
         if self.exact is not None:
@@ -231,7 +250,7 @@ class MinLength:
         self.bounds_seen += 1
         if isinstance(node, ir.Not):
             return 0
-        return max([self(i) for i in node.items])
+        return max(self._each(node.items))
 
 
 class RuleLengths(NamedTuple):
