@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from constrain import Vocabulary, allocate_token_bitmask
+from constrain import BatchMatcher, Matcher, Vocabulary, allocate_token_bitmask
 from constrain.engine.speculative import SpeculativeConfig, choose_draft_length, choose_width, prefix_survival
 from constrain.engine.state_cache import StateCache
 from constrain.engine.types import GenerationRequest, GenerationResult
@@ -199,8 +199,12 @@ class Scheduler:
 
     def __init__(self, backend: StepBackend, vocab: Vocabulary, encode: Callable[[str], list[int]],
                  max_prefill_tokens: int = 8192, context_len: int | None = None,
-                 speculative: SpeculativeConfig | str | bool | None = None) -> None:
+                 speculative: SpeculativeConfig | str | bool | None = None,
+                 masks: BatchMatcher | None = None) -> None:
         self.backend = backend
+        # Computes a step's uncached masks over threads before the backend fills rows one by one
+        # (an Engine passes its own, so the threads outlive one run).
+        self.masks = BatchMatcher() if masks is None else masks
         self.vocab = vocab
         self.encode = encode
         self.max_prefill_tokens = max_prefill_tokens
@@ -270,6 +274,7 @@ class Scheduler:
         for i, s in enumerate(new):
             s.slot = len(old) + i
         batch = old + new
+        self._prepare_masks(batch)
         rows = self._draft_all(batch) if self.speculative is not None and not new else None
         if rows is not None:
             emitted = self.backend.verify(batch, rows, self)
@@ -288,6 +293,18 @@ class Scheduler:
         return done + self._retire()
 
     # -- constraint, shared by every backend --------------------------------------------------
+    def _prepare_masks(self, batch: list[Row]) -> None:
+        """The plain masks of the rows' current states that no cache holds yet, computed side by
+        side (``BatchMatcher.prepare``: new states of different grammars in parallel, the C++ core
+        releasing the GIL) before the backend fills its rows one by one from the caches. A
+        matcher that raises here raises again in its own fill, which fails its request alone."""
+        matchers = [s.matcher for s in batch if isinstance(s.matcher, Matcher) and s.finish_reason is None]
+        if len(matchers) > 1:
+            try:
+                self.masks.prepare(matchers)
+            except Exception:  # each row's own fill reports its matcher's error
+                logger.debug("preparing the batch's masks raised; the rows' own fills report it", exc_info=True)
+
     def budget_left(self, s: Row, ahead: int = 0, at: _Walk | None = None) -> int | None:
         """Tokens left when the budget-aware close must shape ``s``'s mask, else None
         (``ahead``: tokens of a draft walked; ``at``: that walk, answering for the matcher)."""
