@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <queue>
 #include <stdexcept>
@@ -76,6 +77,14 @@ double unordered_length(const std::vector<double>& item_mins, const std::vector<
     }
     if (total == 0) return count == 0 ? 0 : last;
     return need + (count == 0 ? first + static_cast<double>(total - 1) * sep : static_cast<double>(total) * sep) + last;
+}
+
+// A zeroed array from calloc: large ones come as untouched pages, resident only once written.
+template <class T>
+std::shared_ptr<T[]> zeroed(size_t n) {
+    T* p = static_cast<T*>(std::calloc(n ? n : 1, sizeof(T)));
+    if (p == nullptr) throw std::bad_alloc();
+    return std::shared_ptr<T[]>(p, [](T* q) { std::free(q); });
 }
 
 std::string format_g(double v) {
@@ -1128,12 +1137,16 @@ void ExprCore::grow(size_t need) {
     const double room = std::floor((budget_.max_bytes - static_cast<double>(exprs_.size() * EXPR_BYTES)) / ROW_BYTES);
     const size_t new_cap = std::max(need, static_cast<size_t>(std::max(0.0, std::min(static_cast<double>(cap ? cap * 2 : need), room))));
     RowBuffers grown;
-    grown.rows = std::shared_ptr<int32_t[]>(new int32_t[new_cap * 256]());
-    grown.done = std::shared_ptr<bool[]>(new bool[new_cap]());
-    grown.nullable = std::shared_ptr<bool[]>(new bool[new_cap]());
+    grown.rows = zeroed<int32_t>(new_cap * 256);
+    grown.done = zeroed<bool>(new_cap);
+    grown.nullable = zeroed<bool>(new_cap);
     grown.capacity = new_cap;
+    // Only filled rows are copied: the rows of expressions that never get one stay untouched
+    // zero pages (most expressions are states inside tokens or parts of others, never walked from).
+    for (size_t s = 0; s < cap; ++s)
+        if (buffers_.done[s])
+            std::memcpy(grown.rows.get() + s * 256, buffers_.rows.get() + s * 256, 256 * sizeof(int32_t));
     if (cap) {  // walks reading the old buffers keep them alive until they end
-        std::memcpy(grown.rows.get(), buffers_.rows.get(), cap * 256 * sizeof(int32_t));
         std::memcpy(grown.done.get(), buffers_.done.get(), cap);
         std::memcpy(grown.nullable.get(), buffers_.nullable.get(), cap);
     }
