@@ -122,10 +122,9 @@ class BatchMatcher:
 
 
 def _warm(group: list[tuple[Matcher, int | None]]) -> None:
-    """The masks of one grammar's matchers (a scratch row: only the cache they fill is kept)."""
+    """The masks of one grammar's matchers, into its caches."""
     for m, tokens_left in group:
-        scratch = np.zeros((1, m._automaton.n_words), dtype=np.int32)
         try:
-            m.fill_next_token_bitmask(scratch, 0, tokens_left=tokens_left)
+            m.prepare_mask(tokens_left)
         except Exception:  # the matcher's own fill raises it again, where it is reported
             pass

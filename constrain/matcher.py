@@ -129,6 +129,17 @@ class Matcher:
             return True
         return self._automaton.mask_is_cached(s, None if tokens_left is None else close_bytes(tokens_left))
 
+    def prepare_mask(self, tokens_left: int | None = None) -> None:
+        """Compute and cache what the next fill with this ``tokens_left`` reads: the state's mask
+        and, with ``tokens_left``, whether the close binds (``BatchMatcher.prepare`` runs this on
+        its threads; a close that binds is built by the fill itself, as it is never cached)."""
+        s = self._history[-1]
+        if s == TERMINATED:
+            return
+        self._automaton.mask(s)
+        if tokens_left is not None:
+            self.budget_binds(tokens_left)
+
     def budget_binds(self, tokens_left: int) -> bool:
         """Whether ``tokens_left`` makes the budget-aware mask differ from the plain one: some
         allowed token leads to a state whose shortest completion no longer fits. Engines use it
