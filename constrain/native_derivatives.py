@@ -52,18 +52,12 @@ class NativeExprTable(_core.ExprCore if _core is not None else object):  # type:
         self.grammar = grammar  # its nodes: the C++ table finds the ones ``_exact_min`` is asked by identity
         self.lock = threading.RLock()
         self.signatures = Signatures() if signatures is None else signatures
-        self.budget = budget
-        self.max_states = budget.max_states
         self._sigs: dict[int, int | None] = {}
-        with self.work():
+        with self.work():  # lower bounds first (the front end's), then the exact lengths searched here
             self.set_rule_lengths([grammar.min_lengths.get(n, INFINITE) for n in names])
-            self._rule_min = measure_rules(grammar.rules, self._exact_min, grammar.rule_lengths).lengths
-            self.set_rule_lengths([self._rule_min.get(n, INFINITE) for n in names])
+            lengths = measure_rules(grammar.rules, self.exact_min, grammar.rule_lengths).lengths
+            self.set_rule_lengths([lengths.get(n, INFINITE) for n in names])
             self.start = self.ref(names.index(grammar.start))
-
-    def _exact_min(self, node: ir.Node) -> float:
-        """Shortest match of an intersection or complement of the grammar, by searching derivatives."""
-        return self.exact_min(node)
 
     @contextmanager
     def work(self) -> Iterator[None]:
