@@ -4,13 +4,17 @@ States are the interned expressions of ``constrain.derivatives``. A state's mask
 first time some sequence reaches it, by a walk of the token trie (``constrain.walkers``: in C++
 where the core is built, else its numpy twin), and cached; every matcher of the compiled grammar
 shares the cache, so the steady state is a dictionary hit.
+
+States that differ only in repetition counts share one walk, but for the few longest tokens
+(``TokenAutomaton.mask``).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,6 +28,34 @@ DEFAULT_MASK_CACHE = 4096
 MAX_UNION_MEMBERS = 512
 
 MAX_FORCED_BYTES = 4096
+
+# Tokens longer than the clamp limit are walked apart, per state; the limit keeps them this few.
+MAX_LONG_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class LongTokens:
+    """A vocabulary's few longest tokens, apart from the rest: what clamping repetition counts
+    (``ExprTable.clamp``) at ``limit`` bytes rather than at the longest token needs.
+
+    A few long tokens (whitespace runs, rows of dashes: 81 bytes in SmolLM2, 128 in Llama-3) would
+    otherwise set the limit, and a string with ``maxLength`` 100 would take a full walk at every
+    count below it.
+    """
+
+    limit: int  # the smallest limit >= 1 with at most MAX_LONG_TOKENS tokens longer
+    short: np.ndarray  # mask words of the tokens of at most ``limit`` bytes
+    trie: TokenTrie | None  # the tokens longer than ``limit`` (same ids, the others None); None if there are none
+
+    @classmethod
+    def of(cls, token_bytes: Sequence[bytes | None], n_words: int) -> LongTokens:
+        lengths = np.fromiter((len(b) if b else 0 for b in token_bytes), dtype=np.int64, count=len(token_bytes))
+        ranked = np.sort(lengths)[::-1]
+        limit = max(int(ranked[MAX_LONG_TOKENS]) if len(ranked) > MAX_LONG_TOKENS else 0, 1)
+        short = pack_tokens(np.nonzero((lengths > 0) & (lengths <= limit))[0], n_words)
+        if not np.any(lengths > limit):
+            return cls(limit, short, None)
+        return cls(limit, short, TokenTrie([b if b and len(b) > limit else None for b in token_bytes]))
 
 
 class TokenAutomaton:
@@ -41,13 +73,19 @@ class TokenAutomaton:
         self._vocab_key = vocab.fingerprint
         self.shared = shared
         self.trie: TokenTrie = shared.get_or_make(("trie", self._vocab_key), lambda: TokenTrie(vocab.token_bytes))
-        table.clamp_limit = max(self.trie.depth, 1)
         self.token_bytes = vocab.token_bytes
         self.eos_token_ids = tuple(vocab.eos_token_ids)
         self.n_words = (vocab.vocab_size + 31) // 32
+        self.long_tokens: LongTokens = shared.get_or_make(
+            ("long tokens", self._vocab_key), lambda: LongTokens.of(vocab.token_bytes, self.n_words))
+        table.clamp_limit = self.long_tokens.limit
         if native is None:
             native = self.trie.packed is not None
-        self.walker: NativeWalker | NumpyWalker = (NativeWalker if native else NumpyWalker)(self.trie, table, self.n_words)
+        walker = NativeWalker if native else NumpyWalker
+        self.walker: NativeWalker | NumpyWalker = walker(self.trie, table, self.n_words)
+        # Walks of the long tokens alone, from a state whose counts clamping changed.
+        long_trie = self.long_tokens.trie
+        self._long_walker = None if long_trie is None else walker(long_trie, table, self.n_words)
         self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
         self._max_next: dict[int, float] = {}
         self._heads = ByteBudgetCache(max_entries=mask_cache_size)  # head walks and their crossings per first bytes
@@ -78,12 +116,19 @@ class TokenAutomaton:
         return -1 if s == NOTHING else s
 
     def mask(self, state: int) -> np.ndarray:
-        """The allowed-token bitmask words (int32) of ``state``, stop tokens included."""
+        """The allowed-token bitmask words (int32) of ``state``, stop tokens included.
+
+        States differing only in repetition counts share the walk of their clamped state (every
+        count cut to ``long_tokens.limit``, see ``ExprTable.clamp``): a token of at most that many
+        bytes is allowed in one exactly when in the other. The few longer tokens are walked from
+        the state itself, so the mask is exact: the clamped state's for the short tokens, the long
+        walk's for the rest. (With no longer tokens, the clamped state's mask is the state's.)
+        """
         got = self._masks.get(state)
         if got is not None:
             return got
         with self._lock, self.table.work():  # a new state's mask is bounded by the compile budget
-            key = self.table.clamp(state)  # same mask, shared by states differing in counts only
+            key = self.table.clamp(state)
             got = self._masks.get(key)
             if got is None:
                 got = self._union_mask(key)
@@ -92,6 +137,11 @@ class TokenAutomaton:
                 if got is None:
                     got = self._with_stops(self.walker.mask(key), self.is_accepting(key))
                 self._masks[key] = got
+            if key != state and self._long_walker is not None:
+                words = (got & self.long_tokens.short) | self._long_walker.mask(state)
+                words = self._with_stops(words, self.is_accepting(state))
+                if not np.array_equal(words, got):  # else (counts past the longest token) one array serves both
+                    got = words
             self._masks[state] = got
             while len(self._masks) > self._mask_cache_size:
                 self._masks.popitem(last=False)

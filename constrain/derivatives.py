@@ -340,12 +340,13 @@ class ExprTable:
             return self._mk_seq(a, b)
 
     def clamp(self, e: int) -> int:
-        """``e`` with every repetition count clamped to ``clamp_limit`` (the longest token).
+        """``e`` with every repetition count clamped to ``clamp_limit``.
 
-        One token spans at most ``clamp_limit`` bytes, so it completes at most that many
-        non-empty iterations of any repetition: counts beyond the limit cannot change which
-        tokens are allowed. States that differ only in such counts (the 37th character of a
-        string with maxLength 100, the 5th item of an array with maxItems 50) share one mask.
+        A token of at most ``clamp_limit`` bytes completes at most that many non-empty
+        iterations of any repetition: counts beyond the limit cannot change whether it is
+        allowed. States that differ only in such counts (the 37th character of a string with
+        maxLength 100, the 5th item of an array with maxItems 50) share one walk;
+        ``TokenAutomaton`` sets the limit below its few longest tokens and walks those apart.
         Intersections and complements are left whole: whether a token leads to a live state
         depends on their counts beyond the token (``pattern`` with ``maxLength``, a lookahead).
         """
