@@ -432,8 +432,10 @@ def bench_model(name: str, loaded: LoadedModel, schemas: list[dict], batches: li
             cache = backend.cache
             before = (cache.misses, cache.expansions, cache.defaults)
             captures = runner.captures
+            ahead = (backend.ahead_served, backend.ahead_queued)
             row = {"model": name, "mode": m, "batch": b, **run_cell(use(m), reqs, matchers)}
             row["captures_in_run"] = runner.captures - captures  # should be 0
+            row["ahead_served_queued"] = [backend.ahead_served - ahead[0], backend.ahead_queued - ahead[1]]
             if m == "constrain":
                 row["misses"] = cache.misses - before[0]
                 row["expansions"] = cache.expansions - before[1]

@@ -91,6 +91,13 @@ class CompiledGrammar:
         """Whether the document may end in ``state``."""
         return self._automaton.is_accepting(self._check_state(state, "is_accepting"))
 
+    def forced_bytes(self, state: int) -> bytes:
+        """Bytes every document continues with from ``state`` (jump-forward text; empty where
+        there is a choice or the document may end), what a matcher standing there reports."""
+        if state == TERMINATED:
+            return b""
+        return self._automaton.forced_bytes(self._check_state(state, "forced_bytes"))
+
     @property
     def num_states(self) -> int:
         """Automaton states created so far (grows lazily)."""

@@ -27,6 +27,7 @@ batch bucket are parked (scratch KV column, unconstrained), so their replay touc
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -55,6 +56,8 @@ class GraphStep:
         self._pending: list[tuple[int, Row, int, int]] = []  # (row, seq, state, token) misses
         self._out = np.zeros((3, 0), dtype=np.int64)
         self._verified = False  # the last step was a speculative one
+        self._ahead: tuple[list[Row], int] | None = None  # rows and length of a forward queued ahead
+        self.ahead_queued = self.ahead_served = 0  # forwards queued ahead; of them, used by their step
         self.steps = 0
 
     @property
@@ -84,9 +87,14 @@ class GraphStep:
     def step(self, batch: list[Row], n_old: int, scheduler: Scheduler) -> list[int]:
         run = self.runner
         old, new = batch[:n_old], batch[n_old:]
+        ahead, self._ahead = self._ahead, None
         if old:
             if all(len(s.pending) == 1 for s in old):
-                run.forward(batch_bucket(n_old), run.length_bucket(1 + max(s.length for s in old)))
+                length = run.length_bucket(1 + max(s.length for s in old))
+                if self._ahead_serves(ahead, old, length):
+                    self.ahead_served += 1
+                else:
+                    run.forward(batch_bucket(n_old), length)
             else:
                 self._forward_forced(old)
         self._resolve_pending()  # host work while the forward computes (it reads no states)
@@ -97,7 +105,51 @@ class GraphStep:
         run.sample(batch_bucket(len(batch)), "table" if constrained else "none", self.cache.table, filtered)
         self.steps += 1
         self._out = run.fetch(len(batch)).numpy().copy()
+        self._forward_ahead(batch, scheduler)
         return [int(t) for t in self._out[0]]
+
+    # -- the next step's forward, queued before the host takes this step's tokens ---------------
+    def _forward_ahead(self, batch: list[Row], scheduler: Scheduler) -> None:
+        """Queue the next step's one-token forward now, where this step's tokens show it will be
+        that forward: the GPU computes it while the host accepts the tokens, checks stops and
+        resolves misses, instead of idling through them. The forward reads only what the sample
+        left on the GPU (each row's token and position), so it is the same pass the next step
+        would queue; it is not queued when a row may append forced text (a wider pass), when a
+        finishing row would make the scheduler move rows, or while drafting (a verification
+        pass). Cheap predictions: a wrong one costs one forward, which the next step redoes."""
+        if scheduler.speculative is not None or not batch:
+            return
+        tokens, states, miss = self._out
+        n = len(batch)
+        ending = 0  # rows at the batch's end that finish now (they leave without moves)
+        for i in range(n - 1, -1, -1):
+            if not scheduler.may_finish(batch[i], int(tokens[i])):
+                break
+            ending += 1
+        for i, s in enumerate(batch[:n - ending]):
+            if scheduler.may_finish(s, int(tokens[i])):
+                return  # compaction will move rows: their slots change
+            known = not (miss[i] or self._hosted[i]) and s.request.grammar is not None
+            if scheduler.forces_at(s, int(tokens[i]), self.cache.local(int(states[i])) if known else None):
+                return
+        live = batch[:n - ending]
+        if not live:
+            return
+        length = self.runner.length_bucket(1 + max(s.length + len(s.pending) for s in live))
+        self.runner.forward(batch_bucket(len(live)), length)
+        self._ahead = (live, length)
+        self.ahead_queued += 1
+
+    def _ahead_serves(self, ahead: tuple[list[Row], int] | None, old: list[Row], length: int) -> bool:
+        """Whether the forward queued ahead is this step's: the same rows in the same slots, each
+        appending the token it sampled, attending at least as far."""
+        if ahead is None:
+            return False
+        rows, ahead_length = ahead
+        if ahead_length < length or len(old) > len(rows):
+            return False
+        tokens = self._out[0]
+        return all(a is b and b.pending[0] == tokens[i] for i, (a, b) in enumerate(zip(rows, old)))
 
     def verify(self, batch: list[Row], rows: torch.Tensor, scheduler: Scheduler) -> list[list[int]]:
         """Speculative step: pending + draft of every row in one pass of the static decoder (a
@@ -131,14 +183,12 @@ class GraphStep:
         hi = lo + len(new)
         prompts = [s.pending for s in new]
         run.logits[lo:hi] = run.runner.extend(lo, prompts, [0] * len(new))
-        dev = run.device
         rows = slice(lo, hi)
         params = [s.request.sampling for s in new]
-        run.pos[rows] = torch.as_tensor([len(p) - 1 for p in prompts], device=dev)
-        run.temperature[rows] = torch.as_tensor([p.temperature for p in params], device=dev)
-        run.top_k[rows] = torch.as_tensor([p.top_k for p in params], dtype=torch.int32, device=dev)
-        run.top_p[rows] = torch.as_tensor([p.top_p for p in params], device=dev)
-        run.base[rows] = torch.as_tensor([seed_base(s.seed) for s in new], device=dev)
+        run.pos[rows], run.top_k[rows], run.base[rows] = self._upload(
+            [[len(p) - 1 for p in prompts], [p.top_k for p in params], [seed_base(s.seed) for s in new]])
+        run.temperature[rows], run.top_p[rows] = self._upload(
+            [[p.temperature for p in params], [p.top_p for p in params]], torch.float32)
         run.draws[rows] = 0
         states = []
         for i, s in enumerate(new, lo):
@@ -146,7 +196,7 @@ class GraphStep:
             gid = self.cache.enter(grammar, s.matcher.state) if grammar is not None else -1
             self._gid[i], self._hosted[i] = gid, False
             states.append(gid)
-        run.states[rows] = torch.as_tensor(states, dtype=torch.int32, device=dev)
+        run.states[rows] = self._upload([states], torch.int32)[0]
 
     def _prepare_masks(self, batch: list[Row], scheduler: Scheduler) -> bool:
         """Point rows under the budget-aware close at their close rows (``Scheduler.table_row``)
@@ -240,7 +290,7 @@ class GraphStep:
             idx, val = self._upload([rows, states], torch.int32)
             self.runner.states[idx] = val
 
-    def _upload(self, lists: list[list[int]], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    def _upload(self, lists: Sequence[Sequence[float]], dtype: torch.dtype = torch.int64) -> torch.Tensor:
         """Equal-length host lists as one device tensor, copied from pinned memory without
         blocking: a pageable copy waits for the stream, which would hold this step's host work
         (the budget checks, the next patch) until the forward queued before it ends."""
@@ -252,6 +302,8 @@ class GraphStep:
 
     def move_rows(self, moves: list[tuple[int, int, int]], live: int) -> None:
         self._resolve_pending()  # pending misses name rows by their index before the move
+        if moves:
+            self._ahead = None  # its rows moved slots
         for src, dst, _ in moves:
             self._gid[dst], self._hosted[dst] = self._gid[src], self._hosted[src]
         self.runner.move_rows(moves, live)

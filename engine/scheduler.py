@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from constrain import BatchMatcher, Matcher, Vocabulary, allocate_token_bitmask
+from constrain import BatchMatcher, CompiledGrammar, Matcher, Vocabulary, allocate_token_bitmask
 from constrain.engine.speculative import SpeculativeConfig, choose_draft_length, choose_width, prefix_survival
 from constrain.engine.state_cache import StateCache
 from constrain.engine.types import GenerationRequest, GenerationResult
@@ -635,17 +635,40 @@ class Scheduler:
         s.forced += n
         s.forced_now = n
 
+    def may_finish(self, s: Row, token: int) -> bool:
+        """Whether taking the sampled ``token`` may end ``s`` (an empty mask, a stop token, its
+        budget): a cheap prediction for a backend that works ahead of ``_advance``."""
+        if token < 0 or len(s.generated) + 1 >= s.budget:
+            return True
+        return token in (self._stop_set if s.matcher is not None else s.request.stop_token_ids)
+
+    def forces_at(self, s: Row, token: int, local: int | None = None) -> bool:
+        """Whether ``_force`` will append tokens after ``s`` takes ``token`` (which leads its
+        grammar to state ``local``, where the caller knows it): a prediction for a backend that
+        works ahead of ``_advance``."""
+        req = s.request
+        if req.grammar is None or not req.force_tokens or s.budget - len(s.generated) - 1 <= 1:
+            return False
+        if local is None:
+            local = req.grammar.next_state(s.matcher.state, token)
+            if local < 0:
+                return False  # refused or a stop token: the row ends
+        return len(self._forced_at(req.grammar, local)) > 1
+
     def forced_ids(self, s: Row) -> list[int]:
         """The canonical tokens of the forced text at ``s``'s state (while drafting: the state the
         draft is walked to), all of them (plain steps append all but the last); none if they do
         not spell it, or after a stop token."""
         assert s.request.grammar is not None
         w = s.walk
-        key = (id(s.request.grammar), s.matcher.state if w is None else w.cache.local(w.gid))
+        return self._forced_at(s.request.grammar, s.matcher.state if w is None else w.cache.local(w.gid))
+
+    def _forced_at(self, grammar: CompiledGrammar, state: int) -> list[int]:
+        """``forced_ids`` at ``grammar``'s ``state``, computed once per state."""
+        key = (id(grammar), state)
         ids = self._forced_cache.get(key)
         if ids is None:
-            m = s.matcher if w is None else w.at()
-            ids = self._forced_cache[key] = self._canonical(m.find_jump_forward_bytes())
+            ids = self._forced_cache[key] = self._canonical(grammar.forced_bytes(state))
         return ids
 
     def _canonical(self, data: bytes) -> list[int]:

@@ -210,11 +210,18 @@ class StateTable:
             if self._place(keys, values) is not None:
                 break
             cap *= 2
-        self.keys.copy_(torch.from_numpy(self._keys_np))
-        self.values.copy_(torch.from_numpy(self._values_np))
+        self.keys.copy_(torch.from_numpy(self._keys_np), non_blocking=True)
+        self.values.copy_(torch.from_numpy(self._values_np), non_blocking=True)
         self.generation += 1
 
     # ---- host inserts ---------------------------------------------------------------------
+    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
+        """``host`` on the table's device without waiting for the stream: inserts run while a
+        forward is in flight (the engine resolves misses then), and a blocking copy would hold
+        the host until that forward ends, exposing all the host work after it. (A copy from
+        pageable memory is staged before the call returns, so ``host`` may change right after.)"""
+        return host.to(self.device, non_blocking=True)
+
     def add_state(self, state_id: int, mask_words: torch.Tensor) -> None:
         """Store the mask row (int32 words) of one state."""
         self.add_states(torch.tensor([state_id]), mask_words.reshape(1, -1))
@@ -230,8 +237,8 @@ class StateTable:
         need = int(ids.max()) + 1
         if need > self.state_capacity:
             self._grow_states(need)
-        ids = ids.to(self.device)
-        self.masks[ids] = rows.to(self.device)
+        ids = self._to_device(ids)
+        self.masks[ids] = self._to_device(rows)
         self.present[ids] = 1
 
     def set_default(self, state: int, next_state: int) -> None:
@@ -276,9 +283,9 @@ class StateTable:
                 self._rehash(2 * self.transition_capacity)
                 touched = self._place(keys, v)
         if touched.size:
-            idx = torch.from_numpy(touched).to(self.device)
-            self.keys[idx] = torch.from_numpy(self._keys_np[touched]).to(self.device)
-            self.values[idx] = torch.from_numpy(self._values_np[touched]).to(self.device)
+            idx = self._to_device(torch.from_numpy(touched))
+            self.keys[idx] = self._to_device(torch.from_numpy(self._keys_np[touched]))
+            self.values[idx] = self._to_device(torch.from_numpy(self._values_np[touched]))
 
     def _place(self, keys: np.ndarray, values: np.ndarray) -> np.ndarray | None:
         """Insert into the host mirror; returns touched slots, or None if a key would land
