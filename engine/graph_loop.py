@@ -65,6 +65,10 @@ class GraphStep:
         return self.runner.max_rows
 
     @property
+    def table_masks(self) -> bool:
+        return self.table
+
+    @property
     def max_len(self) -> int:
         return self.runner.max_len
 
@@ -120,24 +124,20 @@ class GraphStep:
         if scheduler.speculative is not None or not batch:
             return
         tokens, states, miss = self._out
-        n = len(batch)
-        ending = 0  # rows at the batch's end that finish now (they leave without moves)
-        for i in range(n - 1, -1, -1):
-            if not scheduler.may_finish(batch[i], int(tokens[i])):
-                break
-            ending += 1
-        for i, s in enumerate(batch[:n - ending]):
-            if scheduler.may_finish(s, int(tokens[i])):
-                return  # compaction will move rows: their slots change
-            known = not (miss[i] or self._hosted[i]) and s.request.grammar is not None
-            if scheduler.forces_at(s, int(tokens[i]), self.cache.local(int(states[i])) if known else None):
+        finish = scheduler.may_finish(batch, tokens.tolist())
+        live = len(batch)
+        while live and finish[live - 1]:  # rows at the end that finish leave without moves
+            live -= 1
+        if not live or any(finish[:live]):
+            return  # nothing to run, or compaction will move rows: their slots change
+        for i in scheduler.may_force(batch[:live]):
+            known = not (miss[i] or self._hosted[i])
+            if scheduler.forces_at(batch[i], int(tokens[i]), self.cache.local(int(states[i])) if known else None):
                 return
-        live = batch[:n - ending]
-        if not live:
-            return
-        length = self.runner.length_bucket(1 + max(s.length + len(s.pending) for s in live))
-        self.runner.forward(batch_bucket(len(live)), length)
-        self._ahead = (live, length)
+        rows = batch[:live]
+        length = self.runner.length_bucket(1 + max(s.length + len(s.pending) for s in rows))
+        self.runner.forward(batch_bucket(live), length)
+        self._ahead = (rows, length)
         self.ahead_queued += 1
 
     def _ahead_serves(self, ahead: tuple[list[Row], int] | None, old: list[Row], length: int) -> bool:

@@ -124,6 +124,8 @@ class EagerStep:
         self.cache = StateCache(self._bitmask.shape[1], runner.device, states=256, transitions=16,
                                 scratch_rows=runner.max_slots)
 
+    table_masks = False  # every mask comes from the rows' matchers
+
     @property
     def max_rows(self) -> int:
         return self.runner.max_slots

@@ -161,6 +161,12 @@ class StepBackend(Protocol):
         verification gathers their masks by its table rows."""
         ...
 
+    @property
+    def table_masks(self) -> bool:
+        """Whether rows with a compiled grammar take their plain steps' masks from ``cache``'s
+        table (the host computes only the states they miss), not from their matchers."""
+        ...
+
     def step(self, batch: list[Row], n_old: int, scheduler: Scheduler) -> list[int]:
         """Forward each row's ``pending`` tokens (rows from ``n_old`` on are new: their prompt),
         sample one token per row under its constraint (``scheduler.fill_mask`` for host masks);
@@ -298,7 +304,9 @@ class Scheduler:
         side (``BatchMatcher.prepare``: new states of different grammars in parallel, the C++ core
         releasing the GIL) before the backend fills its rows one by one from the caches. A
         matcher that raises here raises again in its own fill, which fails its request alone."""
-        matchers = [s.matcher for s in batch if isinstance(s.matcher, Matcher) and s.finish_reason is None]
+        table = self.backend.table_masks
+        matchers = [s.matcher for s in batch if isinstance(s.matcher, Matcher) and s.finish_reason is None
+                    and not (table and s.request.grammar is not None)]
         if len(matchers) > 1:
             try:
                 self.masks.prepare(matchers)
@@ -345,6 +353,8 @@ class Scheduler:
     def table_row(self, s: Row, cache: StateCache, gid: int) -> int | None:
         """Table row of ``s``'s mask at its state ``gid`` (``_mask_row``), for a backend serving
         masks from ``cache``; None when the matcher raised, which fails the request alone."""
+        if not s.request.budget_close:
+            return gid  # the state's own row: the table holds it since the row reached the state
         try:
             return self._mask_row(s, _Walk(cache, s.matcher, gid))
         except Exception as exc:  # a broken matcher ends its own request, not the batch
@@ -635,25 +645,31 @@ class Scheduler:
         s.forced += n
         s.forced_now = n
 
-    def may_finish(self, s: Row, token: int) -> bool:
-        """Whether taking the sampled ``token`` may end ``s`` (an empty mask, a stop token, its
-        budget): a cheap prediction for a backend that works ahead of ``_advance``."""
-        if token < 0 or len(s.generated) + 1 >= s.budget:
-            return True
-        return token in (self._stop_set if s.matcher is not None else s.request.stop_token_ids)
+    # predictions for a backend that works ahead of ``_advance`` (cheap, per batch)
+    def may_finish(self, batch: list[Row], tokens: list[int]) -> list[bool]:
+        """Per row, whether taking its sampled token may end it (an empty mask, a stop token,
+        its budget)."""
+        stops = self._stop_set
+        return [t < 0 or len(s.generated) + 1 >= s.budget
+                or t in (stops if s.matcher is not None else s.request.stop_token_ids)
+                for s, t in zip(batch, tokens)]
+
+    @staticmethod
+    def may_force(batch: list[Row]) -> list[int]:
+        """Indices of the rows that may append forced text after their next token."""
+        return [i for i, s in enumerate(batch)
+                if s.request.grammar is not None and s.request.force_tokens and s.budget - len(s.generated) > 2]
 
     def forces_at(self, s: Row, token: int, local: int | None = None) -> bool:
-        """Whether ``_force`` will append tokens after ``s`` takes ``token`` (which leads its
-        grammar to state ``local``, where the caller knows it): a prediction for a backend that
-        works ahead of ``_advance``."""
-        req = s.request
-        if req.grammar is None or not req.force_tokens or s.budget - len(s.generated) - 1 <= 1:
-            return False
+        """Whether ``_force`` appends tokens after ``s`` (one of ``may_force``) takes ``token``,
+        which leads its grammar to state ``local`` where the caller knows it."""
+        grammar = s.request.grammar
+        assert grammar is not None
         if local is None:
-            local = req.grammar.next_state(s.matcher.state, token)
+            local = grammar.next_state(s.matcher.state, token)
             if local < 0:
                 return False  # refused or a stop token: the row ends
-        return len(self._forced_at(req.grammar, local)) > 1
+        return len(self._forced_at(grammar, local)) > 1
 
     def forced_ids(self, s: Row) -> list[int]:
         """The canonical tokens of the forced text at ``s``'s state (while drafting: the state the

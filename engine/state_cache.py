@@ -7,10 +7,12 @@ global next state. Rows and transitions come from constrain (``state_mask``, ``n
 ``state_transitions``): this module never computes a mask itself.
 
 Misses (a (state, token) pair or a next state the table does not hold yet) are resolved here,
-in one batch per step. The second miss out of a state also loads *all* its transitions in one
-vectorised call (``state_transitions``), so later steps through that state need no host work
-(not the first miss: most states are left once and never met again, and the bulk load is a walk
-of the whole vocabulary, ~2-4 ms for a 128k one):
+in one batch per step. The second step that misses out of a state also loads *all* its
+transitions in one vectorised call (``state_transitions``), so later steps through that state
+need no host work (not the first: most states are left once and never met again, and the bulk
+load is a walk of the whole vocabulary, ~2-4 ms for a 128k one; rows missing out of one state in
+the same step count once: rows of one schema writing the same text meet each state together,
+and loading every state of a bounded string that way cost 45 walks for 16 rows):
 - small states (keys, punctuation, enum values: few tokens, few next states): every pair goes
   into the hash; a next state's mask row is stored when a row first reaches it (the table
   reports a pair whose target row is absent as a miss), because computing the rows of all up
@@ -56,7 +58,7 @@ from constrain import CompiledGrammar
 from constrain.kernels import StateTable
 from constrain.matcher import TERMINATED, budget_level
 
-EXPAND_ON_MISS = 2  # the miss out of a state that loads all its transitions (see the docstring)
+EXPAND_ON_MISS = 2  # the step missing out of a state that loads all its transitions (see the docstring)
 EXPAND_MAX_NEXT = 64  # load all transitions of a state when they reach at most this many states
 EXPAND_MAX_TOKENS = 4096  # ... and it allows at most this many tokens; wider states get a default
 MAX_EXCEPTIONS = 16384  # a wide state gets a default when at most this many tokens leave it elsewhere
@@ -196,12 +198,13 @@ class StateCache:
         Stores the rows and transitions in the table, so the same pair never misses again.
         """
         out, pairs, new = [], [], []
+        for gid in set(states):  # rows standing in one state together count as one miss out of it
+            seen = self._misses_out[gid] = self._misses_out.get(gid, 0) + 1
+            if seen == EXPAND_ON_MISS:
+                new.extend(self._expand(gid, *self._state(gid)))
         for gid, tok in zip(states, tokens):
             self.misses += 1
             cg, local = self._state(gid)
-            seen = self._misses_out[gid] = self._misses_out.get(gid, 0) + 1
-            if seen == EXPAND_ON_MISS:
-                new.extend(self._expand(gid, cg, local))
             nxt = cg.next_state(local, int(tok))
             if nxt < 0:
                 out.append(-1)
