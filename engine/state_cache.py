@@ -7,12 +7,14 @@ global next state. Rows and transitions come from constrain (``state_mask``, ``n
 ``state_transitions``): this module never computes a mask itself.
 
 Misses (a (state, token) pair or a next state the table does not hold yet) are resolved here,
-in one batch per step. The second step that misses out of a state also loads *all* its
-transitions in one vectorised call (``state_transitions``), so later steps through that state
-need no host work (not the first: most states are left once and never met again, and the bulk
-load is a walk of the whole vocabulary, ~2-4 ms for a 128k one; rows missing out of one state in
-the same step count once: rows of one schema writing the same text meet each state together,
-and loading every state of a bounded string that way cost 45 walks for 16 rows):
+in one batch per step. The ``EXPAND_ON_MISS``-th step that misses out of a state also loads
+*all* its transitions in one vectorised call (``state_transitions``), so later steps through
+that state need no host work. Not sooner: most states are left a few times and never met again,
+and the bulk load is a walk of the whole vocabulary plus hashing (~2-10 ms), where a miss costs
+one ``next_state``; rows missing out of one state in the same step count once (rows of one
+schema writing the same text meet each state together). Replayed engine-bench outputs (SmolLM2,
+256 rows, CPU): loading at the 2nd step 53 loads, 389 ms of host work; at the 8th 9 loads, 199 ms.
+How a load is stored:
 - small states (keys, punctuation, enum values: few tokens, few next states): every pair goes
   into the hash; a next state's mask row is stored when a row first reaches it (the table
   reports a pair whose target row is absent as a miss), because computing the rows of all up
@@ -58,7 +60,7 @@ from constrain import CompiledGrammar
 from constrain.kernels import StateTable
 from constrain.matcher import TERMINATED, budget_level
 
-EXPAND_ON_MISS = 2  # the step missing out of a state that loads all its transitions (see the docstring)
+EXPAND_ON_MISS = 8  # the step missing out of a state that loads all its transitions (see the docstring)
 EXPAND_MAX_NEXT = 64  # load all transitions of a state when they reach at most this many states
 EXPAND_MAX_TOKENS = 4096  # ... and it allows at most this many tokens; wider states get a default
 MAX_EXCEPTIONS = 16384  # a wide state gets a default when at most this many tokens leave it elsewhere
