@@ -64,9 +64,10 @@ class GraphStep:
     def max_rows(self) -> int:
         return self.runner.max_rows
 
-    @property
-    def table_masks(self) -> bool:
-        return self.table
+    def host_masks(self, batch: list[Row]) -> list[Row]:
+        if not self.table:
+            return batch
+        return [s for s in batch if s.request.grammar is None] + [p[1] for p in self._pending]
 
     @property
     def max_len(self) -> int:

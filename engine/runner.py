@@ -124,8 +124,6 @@ class EagerStep:
         self.cache = StateCache(self._bitmask.shape[1], runner.device, states=256, transitions=16,
                                 scratch_rows=runner.max_slots)
 
-    table_masks = False  # every mask comes from the rows' matchers
-
     @property
     def max_rows(self) -> int:
         return self.runner.max_slots
@@ -133,6 +131,9 @@ class EagerStep:
     @property
     def max_len(self) -> int:
         return self.runner.max_len
+
+    def host_masks(self, batch: list[Row]) -> list[Row]:
+        return batch  # every mask comes from the rows' matchers
 
     def step(self, batch: list[Row], n_old: int, scheduler: Scheduler) -> list[int]:
         old, new = batch[:n_old], batch[n_old:]

@@ -161,10 +161,10 @@ class StepBackend(Protocol):
         verification gathers their masks by its table rows."""
         ...
 
-    @property
-    def table_masks(self) -> bool:
-        """Whether rows with a compiled grammar take their plain steps' masks from ``cache``'s
-        table (the host computes only the states they miss), not from their matchers."""
+    def host_masks(self, batch: list[Row]) -> list[Row]:
+        """The rows whose next masks the host computes from their matchers: all of them where
+        the backend fills masks on the host; on a state-table path only the rows the table cannot
+        serve and those whose last token missed (their new state's mask goes into the table)."""
         ...
 
     def step(self, batch: list[Row], n_old: int, scheduler: Scheduler) -> list[int]:
@@ -304,9 +304,8 @@ class Scheduler:
         side (``BatchMatcher.prepare``: new states of different grammars in parallel, the C++ core
         releasing the GIL) before the backend fills its rows one by one from the caches. A
         matcher that raises here raises again in its own fill, which fails its request alone."""
-        table = self.backend.table_masks
-        matchers = [s.matcher for s in batch if isinstance(s.matcher, Matcher) and s.finish_reason is None
-                    and not (table and s.request.grammar is not None)]
+        matchers = [s.matcher for s in self.backend.host_masks(batch)
+                    if isinstance(s.matcher, Matcher) and s.finish_reason is None]
         if len(matchers) > 1:
             try:
                 self.masks.prepare(matchers)
