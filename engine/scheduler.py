@@ -579,10 +579,9 @@ class Scheduler:
 
     def _forced_run(self, s: Row, ahead: int) -> list[int]:
         """The forced tokens a plain step appends at ``s``'s (walked) state, ``ahead`` tokens on."""
-        req = s.request
-        if s.matcher is None or req.grammar is None or not req.force_tokens:
+        if s.matcher is None or not self._may_force(s, ahead):
             return []
-        return self.forced_ids(s)[:-1][: max(s.budget - len(s.generated) - ahead - 1, 0)]
+        return self.forced_ids(s)[:-1][: s.budget - len(s.generated) - ahead - 1]
 
     def _propose(self, s: Row, k: int) -> list[tuple[int, int]]:
         """Up to ``k`` (token, drafter index) draft tokens at ``s``'s walked state, each drafter
@@ -627,8 +626,8 @@ class Scheduler:
     def _force(self, s: Row) -> None:
         """Append the forced continuation's canonical tokens (all but the last), accepted into
         the matcher, within the budget."""
-        req, m = s.request, s.matcher
-        if req.grammar is None or not req.force_tokens or s.budget - len(s.generated) <= 1:
+        m = s.matcher
+        if not self._may_force(s):
             return
         n = 0
         ids = self.forced_ids(s)[:-1]
@@ -653,11 +652,16 @@ class Scheduler:
                 or t in (stops if s.matcher is not None else s.request.stop_token_ids)
                 for s, t in zip(batch, tokens)]
 
-    @staticmethod
-    def may_force(batch: list[Row]) -> list[int]:
+    def may_force(self, batch: list[Row]) -> list[int]:
         """Indices of the rows that may append forced text after their next token."""
-        return [i for i, s in enumerate(batch)
-                if s.request.grammar is not None and s.request.force_tokens and s.budget - len(s.generated) > 2]
+        return [i for i, s in enumerate(batch) if self._may_force(s, 1)]
+
+    @staticmethod
+    def _may_force(s: Row, ahead: int = 0) -> bool:
+        """Whether ``s`` may append forced text ``ahead`` tokens on: it forces text, and its
+        budget leaves room for a forced token before the last."""
+        req = s.request
+        return req.grammar is not None and req.force_tokens and s.budget - len(s.generated) - ahead > 1
 
     def forces_at(self, s: Row, token: int, local: int | None = None) -> bool:
         """Whether ``_force`` appends tokens after ``s`` (one of ``may_force``) takes ``token``,
