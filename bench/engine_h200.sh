@@ -7,6 +7,7 @@
 #   call 1 (carry .whl .bench_data .gguf/part1):              bash bench/engine_h200.sh llama8b
 #   call 2 (carry .whl .bench_data .gguf/part2 .gguf/SHA256): bash bench/engine_h200.sh smollm2
 #   call 3 (carry .whl .bench_data/shared_data .gguf/part2 .gguf/SHA256): bash bench/engine_h200.sh extraction
+#   call 4 (carry .whl .bench_data/shared_data .gguf/part2 .gguf/SHA256): bash bench/engine_h200.sh draft_head
 #   (on a fresh machine, stage part 1 first: carry .whl .gguf/part1, bash bench/engine_h200.sh stage)
 # .whl holds the packages the device image lacks (lark, jsonschema, gguf, xgrammar, llguidance...).
 set -euo pipefail
@@ -18,7 +19,7 @@ OUT=${OUT:-/tmp/out}
 setup() {
     if [ ! -d /tmp/site/xgrammar ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-        tar xzf .whl/llguidance-*-site.tgz -C /tmp/site
+        for t in .whl/*-site.tgz; do if [ -f "$t" ]; then tar xzf "$t" -C /tmp/site; fi; done
     fi
     # The folders install as one namespace (pyproject's wheel.packages); here links make it so.
     for d in grammars engine kernels; do ln -sfn "../$d" "constrain/$d"; done
@@ -75,6 +76,10 @@ case "${1:-}" in
         mkdir -p ../shared && ln -sfn "$PWD/.bench_data/shared_data" ../shared/data
         python3 -m bench.extraction --device cuda --model "$GGUF" --limit 100 --batch-size 100 \
             --jsonl "$OUT/extraction.jsonl" 2>&1 | tee "$OUT/extraction.log" ;;
+    draft_head)
+        join_gguf
+        mkdir -p ../shared && ln -sfn "$PWD/.bench_data/shared_data" ../shared/data
+        python3 -m bench.draft_head --device cuda --model "$GGUF" --out-dir "$OUT" "${@:2}" 2>&1 | tee "$OUT/draft_head.log" ;;
     *)
-        echo "usage: $0 stage|llama8b|smollm2|extraction"; exit 2 ;;
+        echo "usage: $0 stage|llama8b|smollm2|extraction|draft_head"; exit 2 ;;
 esac

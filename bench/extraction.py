@@ -85,19 +85,20 @@ def prompt_for(schema: Any, text: str) -> str:
     return f"{INSTRUCTIONS}\n\nJSON Schema:\n{json.dumps(schema)}\n\nText:\n{text}"
 
 
-def load_items(subsets: Sequence[str], limit: int) -> list[Item]:
-    """Up to ``limit`` items, taken round-robin over ``subsets`` (so a small slice mixes them)."""
-    per_subset = [load_cases(DEFAULT_DATA, [s], split="test") for s in subsets]
+def load_items(subsets: Sequence[str], limit: int, split: str = "test", instances: int | None = 1) -> list[Item]:
+    """Up to ``limit`` items, taken round-robin over ``subsets`` (so a small slice mixes them);
+    ``instances``: valid instances per schema, each an item of its own (None: all of them)."""
+    per_subset = [load_cases(DEFAULT_DATA, [s], split=split) for s in subsets]
     items: list[Item] = []
     for case in (c for group in zip_longest(*per_subset) for c in group if c is not None):
-        if len(items) == limit:
-            break
         schema = case.schema
         if not isinstance(schema, dict) or len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
             continue
-        instance = next((t["data"] for t in case.tests if t["valid"] and isinstance(t["data"], dict)
-                         and 0 < len(list(leaves(t["data"]))) <= MAX_LEAVES), None)
-        if instance is not None:
+        usable = [t["data"] for t in case.tests if t["valid"] and isinstance(t["data"], dict)
+                  and 0 < len(list(leaves(t["data"]))) <= MAX_LEAVES]
+        for instance in usable[:instances]:
+            if len(items) == limit:
+                return items
             items.append(Item(case.id, schema, instance, prompt_for(schema, render_prose(instance))))
     return items
 
