@@ -547,7 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         out_dir = Path(args.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        torch.save(head.state_dict(), out_dir / "draft_head.pt")
+        torch.save({k: v.to(torch.bfloat16) for k, v in head.state_dict().items()}, out_dir / "draft_head.pt")
     lines += ["", "Cost, ms per step:"]
     for rows in (1, 32):
         try:

@@ -8,6 +8,7 @@
 #   call 2 (carry .whl .bench_data .gguf/part2 .gguf/SHA256): bash bench/engine_h200.sh smollm2
 #   call 3 (carry .whl .bench_data/shared_data .gguf/part2 .gguf/SHA256): bash bench/engine_h200.sh extraction
 #   call 4 (carry .whl .bench_data/shared_data .gguf/part2 .gguf/SHA256): bash bench/engine_h200.sh draft_head
+#     or bash bench/engine_h200.sh speculative [bench.speculative's flags]
 #   (on a fresh machine, stage part 1 first: carry .whl .gguf/part1, bash bench/engine_h200.sh stage)
 # .whl holds the packages the device image lacks (lark, jsonschema, gguf, xgrammar, llguidance...).
 set -euo pipefail
@@ -80,6 +81,10 @@ case "${1:-}" in
         join_gguf
         mkdir -p ../shared && ln -sfn "$PWD/.bench_data/shared_data" ../shared/data
         python3 -m bench.draft_head --device cuda --model "$GGUF" --out-dir "$OUT" "${@:2}" 2>&1 | tee "$OUT/draft_head.log" ;;
+    speculative)
+        join_gguf
+        mkdir -p ../shared && ln -sfn "$PWD/.bench_data/shared_data" ../shared/data
+        python3 -m bench.speculative --device cuda --model "$GGUF" "${@:2}" 2>&1 | tee -a "$OUT/speculative.log" ;;
     *)
-        echo "usage: $0 stage|llama8b|smollm2|extraction|draft_head"; exit 2 ;;
+        echo "usage: $0 stage|llama8b|smollm2|extraction|draft_head|speculative"; exit 2 ;;
 esac

@@ -36,7 +36,9 @@ the numerics of a several-token forward against a one-token one), and schema-val
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -130,8 +132,16 @@ def step_clock() -> Iterator[dict[str, float]]:
 
 
 def measure(engine: Any, name: str, items: Sequence[Item], batch: int, args: argparse.Namespace) -> dict[str, Any]:
+    profile = f"{name}@{batch}" in args.profile.split(",")
+    prof = cProfile.Profile() if profile else None
     with step_clock() as clock:
+        if prof is not None:
+            prof.enable()
         results, wall = run_groups(engine, items, batch, args.max_tokens, args.device)
+        if prof is not None:
+            prof.disable()
+            print(f"profile of {name} at batch {batch} (wall {wall:.2f} s, with the profiler's overhead):", file=sys.stderr)
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(args.profile_top)
     tokens = sum(len(r.token_ids) for r in results)
     steps = sum(r.steps for r in results)
     proposed = sum(r.draft_tokens for r in results)
@@ -176,6 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--caches", default="cold", help="cold: each configuration starts with empty constraint "
                    "caches (new schemas: compiles and first visits of states inside the timing); warm: after one "
                    "untimed run of the same requests (schemas a server has seen); cold,warm: both")
+    p.add_argument("--profile", default="", help="comma-separated drafter@batch runs to profile (cProfile, "
+                   "top functions by own time to stderr), e.g. none@32,forced+lookup@32")
+    p.add_argument("--profile-top", type=int, default=30)
     p.add_argument("--max-draft", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--subsets", default=DEFAULT_SUBSETS)
