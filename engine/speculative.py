@@ -173,12 +173,17 @@ class NgramIndex:
         self._spelled = 0
 
     def extend(self, tokens: Sequence[int]) -> None:
+        """Per n, the n-grams ending at ``lo..hi-1`` are zipped from n shifted slices, later ends
+        overwriting earlier ones (``dict.update`` in order): a prompt of a thousand tokens is
+        indexed in C loops, not one tuple slice per n-gram (that was most of a step's drafting)."""
         self.seq.extend(tokens)
-        seq, ends = self.seq, self.ends
-        for e in range(max(self._indexed, 1), len(seq)):
-            for n in range(1, min(self.max_n, e) + 1):
-                ends[tuple(seq[e - n:e])] = e
-        self._indexed = max(self._indexed, len(seq))
+        seq, lo, hi = self.seq, max(self._indexed, 1), len(self.seq)
+        for n in range(1, self.max_n + 1):
+            first = max(lo, n)  # the first end with a whole n-gram before it
+            if first < hi:
+                grams = zip(*(seq[first - n + i: hi - n + i] for i in range(n)))
+                self.ends.update(zip(grams, range(first, hi)))
+        self._indexed = max(self._indexed, hi)
 
     def text_upto(self, token_bytes: Sequence[bytes | None]) -> None:
         """Bring ``text`` and ``starts`` up to the whole sequence (special tokens spell nothing)."""
