@@ -291,9 +291,6 @@ class GraphRunner:
             for buf in (self.ids, self.pos, self.states, self.temperature, self.top_k, self.top_p,
                         self.base, self.draws):
                 buf[dst] = buf[src]
-            length = max(m[2] for m in moves)
-            cache = self.runner.cache
-            for buf in (*cache.keys, *cache.values):
-                buf[dst, :, :length] = buf[src, :, :length]
+            self.runner.cache.move_slots(moves)
         self.pos[live:] = self.max_len
         self.states[live:] = -1

@@ -104,9 +104,6 @@ class ModelRunner:
             logits = torch.gather(out.logits, 1, last.expand(rows, width, out.logits.shape[-1])).float()
         return logits.squeeze(1) if n_logits is None else logits
 
-    def move_slot(self, src: int, dst: int, length: int) -> None:
-        self.cache.move_slot(src, dst, length)
-
 
 class EagerStep:
     """The scheduler's step backend on transformers' own forward (CPU, unsupported models).
@@ -164,5 +161,4 @@ class EagerStep:
         """Nothing to mirror: the host matchers are the only constraint state."""
 
     def move_rows(self, moves: list[tuple[int, int, int]], live: int) -> None:
-        for src, dst, length in moves:
-            self.runner.move_slot(src, dst, length)
+        self.runner.cache.move_slots(moves)
