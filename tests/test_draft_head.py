@@ -24,7 +24,7 @@ def test_batched_unroll_equals_drafting_one_position_at_a_time() -> None:
     target = tiny_target()
     head = DraftHead(target)
     for p in head.parameters():
-        p.add_(torch.randn_like(p) * 0.05)  # not the copied layer: a head that has learnt something
+        p.add_(torch.randn_like(p) * 0.3)  # not the copied layer: a head that has learnt something
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 97, (30,), generator=g).tolist()
     h = torch.randn(30, 32, generator=g)
@@ -35,14 +35,17 @@ def test_batched_unroll_equals_drafting_one_position_at_a_time() -> None:
     for p in (1, 4, 9):
         j = seq.start + p - 1  # the last emitted token's index
         toks, prev = list(ids[: j + 1]), torch.cat([torch.zeros(1, 32), h[:j]])
-        want = []
+        want, top = [], []
         for _ in range(k):
             out, _, _ = head(torch.tensor([toks]), prev[None], torch.arange(len(toks))[None])
             state = out[0, -1]
-            want.append(int(head.logits(state).argmax()))
+            pr = torch.softmax(head.logits(state), -1)
+            want.append(int(pr.argmax()))
+            top.append(float(pr.max()))
             toks.append(want[-1])
             prev = torch.cat([prev, state[None]])
         assert drafts[p - 1].tolist() == want
+        assert torch.allclose(probs[p - 1], torch.tensor(top), rtol=1e-4, atol=1e-6)
 
 
 @torch.no_grad()
