@@ -224,37 +224,52 @@ def literal(text: bytes | str) -> Node:
     return Seq(tuple(map(_BYTE.__getitem__, data)))
 
 
+# The constructors below are the front ends' hottest code: they test node kinds with ``type(x) is``
+# (no subclasses exist) and ``NOTHING``/``EMPTY`` by kind and content, where ``x == NOTHING`` would
+# run the dataclass ``__eq__`` of both sides.
+
+def _is_nothing(item: Node) -> bool:
+    return type(item) is Bytes and not item.mask
+
+
 def seq(*items: Node) -> Node:
     """Concatenation, flattened; ``NOTHING`` anywhere makes it ``NOTHING``."""
     out: list[Node] = []
     for item in items:
-        if item == NOTHING:
+        kind = type(item)
+        if kind is Seq:
+            out.extend(item.items)  # type: ignore[attr-defined]
+        elif kind is Bytes and not item.mask:  # type: ignore[attr-defined]
             return NOTHING
-        if isinstance(item, Seq):
-            out.extend(item.items)
         else:
             out.append(item)
     return out[0] if len(out) == 1 else Seq(tuple(out))
 
 
+# Up to this many parts ``alt`` compares a new part with those kept one by one (a kind check, then
+# a walk that stops at the first difference), rather than hashing it: a fresh tree's hash walks
+# all of it, and the hashes would not be needed later.
+_ALT_SCAN = 8
+
+
 def alt(*items: Node) -> Node:
     """Union, flattened and de-duplicated (order kept); byte sets are merged."""
     out: list[Node] = []
-    seen: set[Node] | None = None  # made at the second part: a lone part is never hashed (deep on a fresh tree)
+    seen: set[Node] | None = None  # made past _ALT_SCAN parts: a lone part is never hashed (deep on a fresh tree)
     mask = 0
     for item in items:
-        parts = item.items if isinstance(item, Alt) else (item,)
+        parts = item.items if type(item) is Alt else (item,)
         for part in parts:
-            if isinstance(part, Bytes):
+            if type(part) is Bytes:
                 mask |= part.mask
-            elif not out:
-                out.append(part)
-            else:
-                if seen is None:
-                    seen = {out[0]}
+            elif seen is not None:
                 if part not in seen:
                     seen.add(part)
                     out.append(part)
+            elif part not in out:
+                out.append(part)
+                if len(out) > _ALT_SCAN:
+                    seen = set(out)
     if mask:
         out.insert(0, Bytes(mask))
     if not out:
@@ -266,9 +281,9 @@ def intersect(*items: Node) -> Node:
     """Intersection; ``NOTHING`` anywhere makes it ``NOTHING``."""
     out: list[Node] = []
     for item in items:
-        if item == NOTHING:
+        if _is_nothing(item):
             return NOTHING
-        parts = item.items if isinstance(item, And) else (item,)
+        parts = item.items if type(item) is And else (item,)
         out.extend(p for p in parts if p not in out)
     if not out:
         raise ValueError("intersection of nothing")
@@ -284,9 +299,10 @@ def repeat(item: Node, min: int = 0, max: int | None = None) -> Node:
     """``item{min,max}``; ``max=None`` is unbounded."""
     if min < 0 or (max is not None and max < min):
         raise ValueError(f"bad repetition bounds {{{min},{max}}}")
-    if max == 0 or item == EMPTY:
+    kind = type(item)
+    if max == 0 or (kind is Seq and not item.items):  # type: ignore[attr-defined]
         return EMPTY
-    if item == NOTHING:
+    if kind is Bytes and not item.mask:  # type: ignore[attr-defined]
         return EMPTY if min == 0 else NOTHING
     if min == max == 1:
         return item
@@ -295,7 +311,7 @@ def repeat(item: Node, min: int = 0, max: int | None = None) -> Node:
 
 def optional(item: Node) -> Node:
     """``item?``"""
-    return alt(EMPTY, item) if item != NOTHING else EMPTY
+    return EMPTY if _is_nothing(item) else alt(EMPTY, item)
 
 
 def ref(name: str) -> Node:
@@ -308,7 +324,7 @@ def unordered(items: Iterable[tuple[Node, bool]], extra: Node = NOTHING, *, firs
     """``Unordered`` over ``(item, required)`` pairs; items that cannot match are dropped."""
     kept: list[tuple[Node, bool]] = []
     for item, req in items:
-        if item == NOTHING:
+        if _is_nothing(item):
             if req:
                 return NOTHING
             continue
@@ -317,7 +333,7 @@ def unordered(items: Iterable[tuple[Node, bool]], extra: Node = NOTHING, *, firs
         raise ValueError(f"bad member count bounds {{{min},{max}}}")
     if max is not None and sum(r for _, r in kept) > max:
         return NOTHING
-    if not kept and extra == NOTHING:
+    if not kept and _is_nothing(extra):
         return EMPTY if min == 0 else NOTHING
     return Unordered(tuple(i for i, _ in kept), tuple(r for _, r in kept), extra, first, sep, last, min, max)
 

@@ -22,6 +22,8 @@ from constrain.grammars.json_schema.numbers import Bound
 __all__ = ["ALL_TYPES", "ObjectPart", "ArrayPart", "Contains", "Witness", "Shape", "meet_types", "tighter_lo", "tighter_hi"]
 
 ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "number"})
+# The types a merge can leave: JSON's, with "integer" where "number" is not.
+_MERGED_TYPES = ALL_TYPES | {"integer"}
 
 
 def meet_types(a: frozenset[str], b: frozenset[str]) -> frozenset[str]:
@@ -180,6 +182,25 @@ class Shape:
             unsat=self.unsat or other.unsat,
         )
         return out.check()
+
+    def at(self, pointer: str) -> Shape:
+        """``Shape(pointer=pointer).merge(self)``: this shape as a value at ``pointer`` (how every
+        rule's shapes start). Merging with that empty conjunct only normalises (removes repeated
+        entries and trivial object parts, settles the types), so a shape with nothing to normalise
+        is returned as it is, or copied with the new pointer, without a merge's full rebuild."""
+        types = self.types
+        if (len(self.multiples) > 1 or len(self.patterns) > 1 or len(self.anti_patterns) > 1
+                or len(self.formats) > 1 or len(self.witnesses) > 1 or len(self.arrays) > 1
+                or len(self.objects) > 1 or (self.objects and self.objects[0].trivial())
+                or ("integer" in types and "number" in types) or not types <= _MERGED_TYPES
+                or min(self.min_length, self.min_props, self.min_items) < 0 or self.check() is not self):
+            return Shape(pointer=pointer).merge(self)
+        if pointer == self.pointer:
+            return self
+        out = object.__new__(Shape)
+        out.__dict__.update(self.__dict__)  # a frozen dataclass: its fields live in __dict__
+        out.__dict__["pointer"] = pointer
+        return out
 
     def check(self) -> Shape:
         """Drop types whose own keywords cannot be satisfied; record why when nothing is left."""

@@ -119,9 +119,18 @@ class Translator:
         indent = options.indent
         if indent is not None and (isinstance(indent, bool) or not isinstance(indent, int) or indent < 0):
             raise SchemaError(f"indent must be a non-negative integer, not {indent!r}", "")
-        self.layout = Layout.at(ws, indent, 0)
+        self._ws, self._indent = ws, indent
+        self._layouts: dict[int, Layout] = {}  # per depth: the same separators for every rule there
+        self.layout = self.layout_at(0)
 
     # ------------------------------------------------------------------ bookkeeping
+
+    def layout_at(self, depth: int) -> Layout:
+        """The document's ``Layout`` at ``depth``, made once per depth."""
+        got = self._layouts.get(depth)
+        if got is None:
+            got = self._layouts[depth] = Layout.at(self._ws, self._indent, depth)
+        return got
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -154,8 +163,11 @@ class Translator:
         return ref(name)
 
     def shapes_of(self, subs: list[Sub]) -> list[Shape]:
-        shapes = [Shape(pointer=subs[0].pointer if subs else "#")]
-        for s in subs:
+        if not subs:
+            return [Shape(pointer="#")]
+        # ``Shape(pointer).merge(b)`` for the first schema's shapes (``Shape.at``), then merges.
+        shapes = [m for b in self.norm.flatten(subs[0]) if not (m := b.at(subs[0].pointer)).empty]
+        for s in subs[1:]:
             shapes = [m for a in shapes for b in self.norm.flatten(s) if not (m := a.merge(b)).empty]
         return shapes
 
@@ -163,7 +175,7 @@ class Translator:
         start = self.value_rule([self.doc.root_sub], "#", depth=0)
         while self._queue:
             name, subs, pointer, depth = self._queue.popleft()
-            self.layout = Layout.at(self.layout.ws, self.layout.indent, depth)
+            self.layout = self.layout_at(depth)
             shapes = self.shapes_of(subs)
             if not shapes:
                 self.unsat(*self.norm.last_unsat)
@@ -385,7 +397,7 @@ class Translator:
             return ref(name)
         sink = self.sink
         sink.define(name, NOTHING, value=True)  # a placeholder while its members refer to it
-        lay = Layout.at(self.layout.ws, self.layout.indent, depth)
+        lay = self.layout_at(depth)
         chars = repeat(sink.shared("json-char", ANY_JSON_CHAR))
         scalars = [literal("null"), literal("true"), literal("false"), ANY_NUMBER, seq(literal('"'), chars, literal('"'))]
         if lay.indent is not None and depth == MAX_INDENT_DEPTH:
