@@ -20,8 +20,10 @@ Timed: every ``Scheduler.step`` that admits no request, after one warm-up pass o
 requests through the same scheduler and backend (the steady state: states, transitions, close
 rows and forced text all seen; first visits are a separate problem), minus the time spent in
 the stubs (what the GPU does). Reported: host us per live row per step (best of
-``--repeats`` passes, wall clock, torch on one thread), and with ``--profile`` a cProfile
-breakdown of one timed pass at the largest batch.
+``--repeats`` passes; this process's CPU time, ``time.process_time``, so other work on the
+machine does not count; torch on one thread; the garbage collector off, as ``timeit`` has it:
+a full collection takes ~0.1 s with a model loaded and would land in one step), and with ``--profile`` a cProfile breakdown of
+one timed pass at the largest batch.
 
 Two request kinds: ``plain`` (no forced text, no budget-aware close: the engine bench's mode
 table, ``bench/engine_graph.make_requests``) and ``defaults`` (the Engine's defaults: forced
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import gzip
 import hashlib
 import json
@@ -118,10 +121,12 @@ class ReplayRunner(GraphRunner):
     token, the state table gathering and advancing on CPU as ``kernels.constrained_step`` does.
     ``stub_s`` accumulates the time spent standing in for the GPU."""
 
-    def __init__(self, max_batch: int, max_len: int, stop: int) -> None:
+    def __init__(self, max_batch: int, max_len: int, stop: int, layers: int) -> None:
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        tiny = LlamaConfig(vocab_size=2, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+        # ``layers`` as the real model's: compaction (``move_rows``) copies each layer's KV slots,
+        # one host call each, what it costs on the GPU too
+        tiny = LlamaConfig(vocab_size=2, hidden_size=8, num_hidden_layers=layers, num_attention_heads=1,
                            num_key_value_heads=1, intermediate_size=8, max_position_embeddings=max_len,
                            bos_token_id=0, eos_token_id=0, pad_token_id=0)
         super().__init__(LlamaForCausalLM(tiny).eval(), max_batch, max_len, use_graphs=False)
@@ -154,7 +159,7 @@ class ReplayRunner(GraphRunner):
         return torch.tensor(out, dtype=torch.int64)
 
     def _sample(self, rows: int, mode: str, table: Any, filtered: bool) -> None:
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         tok = self._recorded(rows)
         sl = slice(0, rows)
         if mode == "table":
@@ -174,7 +179,7 @@ class ReplayRunner(GraphRunner):
         self.ids[sl].copy_(tok)
         self.pos[sl] += 1
         self.draws[sl] += 1
-        self.stub_s += time.perf_counter() - t0
+        self.stub_s += time.process_time() - t0
 
 
 class ReplayStep(GraphStep):
@@ -187,37 +192,76 @@ class ReplayStep(GraphStep):
         return super().step(batch, n_old, scheduler)
 
 
+# the per-step pieces the breakdown times, where they exist (names of the code measured)
+SECTIONS = {"backend": ("_prepare_masks", "_ahead_serves", "_forward_ahead", "sync", "_resolve_pending", "move_rows"),
+            "scheduler": ("_prepare_masks", "outcomes", "_take_step", "_retire")}
+
+
 class TimedScheduler(Scheduler):
-    """Times every step that admits nothing: (wall s, stub s, live rows)."""
+    """Times every step that admits nothing: (CPU s, stub CPU s, live rows); ``sections``: CPU s
+    inside each of the ``SECTIONS`` methods during those steps."""
 
     log: list[tuple[float, float, int]]
+    timing = False
 
     def step(self) -> list[tuple[int, GenerationResult]]:
         backend = self.backend
         assert isinstance(backend, ReplayStep)
         admit = bool(self.waiting) and len(self.running) < backend.max_rows
         live, stub = len(self.running), backend.runner.stub_s
-        t0 = time.perf_counter()
+        self.timing = not admit and bool(live)
+        t0 = time.process_time()
         out = super().step()
-        wall = time.perf_counter() - t0
-        if not admit and live:
+        wall = time.process_time() - t0
+        if self.timing:
             self.log.append((wall, backend.runner.stub_s - stub, live))
         return out
 
+    def time_sections(self) -> dict[str, float]:
+        """Wrap the ``SECTIONS`` methods of this scheduler and its backend with CPU timers."""
+        sections: dict[str, float] = {}
+        for owner, names in (("backend", SECTIONS["backend"]), ("scheduler", SECTIONS["scheduler"])):
+            obj = self.backend if owner == "backend" else self
+            for name in names:
+                if hasattr(obj, name):
+                    setattr(obj, name, self._timer(getattr(obj, name), f"{owner}.{name}", sections))
+        return sections
+
+    def _timer(self, fn: Any, label: str, sections: dict[str, float]) -> Any:
+        def timed(*args: Any, **kw: Any) -> Any:
+            if not self.timing:
+                return fn(*args, **kw)
+            t0 = time.process_time()
+            try:
+                return fn(*args, **kw)
+            finally:
+                sections[label] = sections.get(label, 0.0) + time.process_time() - t0
+        return timed
+
 
 def replay(engine: Any, reqs: list[GenerationRequest], recs: list[dict], batch: int, repeats: int,
-           profile: bool) -> dict:
+           profile: bool, layers: int) -> dict:
     """Host us per row per step replaying ``batch`` requests (cycling ``reqs``)."""
-    runner = ReplayRunner(batch, 1024, engine.vocab.eos_token_ids[0])
+    need = max(len(r.prompt_ids) + r.max_tokens for r in reqs) + 1
+    runner = ReplayRunner(batch, -(-need // 64) * 64, engine.vocab.eos_token_ids[0], layers)
     backend = ReplayStep(runner, engine.vocab.vocab_size)
     sched = TimedScheduler(backend, engine.vocab, engine._encode, context_len=engine.context_len)
     rows = [GenerationRequest(**{**reqs[i % len(reqs)].__dict__}) for i in range(batch)]
     want = [recs[i % len(reqs)] for i in range(batch)]
     runner.records = {id(r): w for r, w in zip(rows, want)}
 
-    def one_pass() -> float:
+    def one_pass(prof: cProfile.Profile | None = None) -> float:
         sched.log = []
-        got = run_requests(sched, rows)
+        gc.collect()
+        gc.disable()  # as timeit does: a full collection (~0.1 s with a model loaded) is no step's cost
+        if prof is not None:
+            prof.enable()
+        try:
+            got = run_requests(sched, rows)
+        finally:
+            if prof is not None:
+                prof.disable()
+            gc.enable()
         for i, (g, w) in enumerate(zip(got, want)):
             if g.token_ids != w["tokens"] or g.finish_reason != w["finish"]:
                 raise Diverged(f"request {i}: replay gave {g.finish_reason} {g.token_ids}, recorded {w}")
@@ -226,18 +270,20 @@ def replay(engine: Any, reqs: list[GenerationRequest], recs: list[dict], batch: 
 
     warm = one_pass()
     times = [one_pass() for _ in range(repeats)]
+    row_steps = sum(n for _, _, n in sched.log)
     out = {"batch": batch, "us_per_row_step": round(min(times), 2), "passes": [round(t, 2) for t in times],
-           "warmup_pass": round(warm, 2), "steps": len(sched.log), "row_steps": sum(n for _, _, n in sched.log),
-           "stub_us_per_row_step": round(1e6 * sum(s for _, s, _ in sched.log) / sum(n for _, _, n in sched.log), 2)}
+           "warmup_pass": round(warm, 2), "steps": len(sched.log), "row_steps": row_steps,
+           "stub_us_per_row_step": round(1e6 * sum(s for _, s, _ in sched.log) / row_steps, 2)}
     if profile:
         prof = cProfile.Profile()
-        prof.enable()
-        one_pass()
-        prof.disable()
+        one_pass(prof)
         stats = pstats.Stats(prof)
         print(f"\ncProfile, one warm pass at batch {batch} ({out['row_steps']} row-steps), by own time:")
         stats.sort_stats("tottime").print_stats(25)
         stats.sort_stats("cumulative").print_stats(30)
+    sections = sched.time_sections()  # one more pass, timed piece by piece (the timers cost a little)
+    one_pass()
+    out["sections_us_per_row_step"] = {k: round(1e6 * v / row_steps, 2) for k, v in sections.items()}
     return out
 
 
@@ -247,8 +293,9 @@ def main() -> None:
     ap.add_argument("--kinds", default="plain,defaults")
     ap.add_argument("--requests", type=int, default=48, help="distinct recorded requests")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3, help="timed passes per cell (best reported)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed passes per cell (best reported)")
     ap.add_argument("--profile", action="store_true", help="cProfile one pass at the largest batch")
+    ap.add_argument("--layers", type=int, default=None, help="layers of the stub model (default: the real model's)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     from constrain.engine.api import Engine
@@ -261,7 +308,8 @@ def main() -> None:
         print(f"{kind}: {len(reqs)} requests, {tokens} tokens recorded, finish "
               f"{ {f: sum(r['finish'] == f for r in recs) for f in ('stop', 'length', 'error')} }")
         for b in batches:
-            row = replay(engine, reqs, recs, b, args.repeats, args.profile and b == max(batches))
+            row = replay(engine, reqs, recs, b, args.repeats, args.profile and b == max(batches),
+                         args.layers or engine.loaded.model.config.num_hidden_layers)
             print(json.dumps({"kind": kind, **row}), flush=True)
 
 

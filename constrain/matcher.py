@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -56,19 +57,39 @@ class Matcher:
         if type(token_id) is not int or not 0 <= token_id < size:
             token_id = check_index(token_id, "Matcher.accept_token(token_id)", size,
                                    f"the token ids of {automaton.vocab.name}")
-        s = self._history[-1]
-        if s == TERMINATED:
-            return False
-        if token_id in automaton.eos_token_ids:
-            if not automaton.is_accepting(s):
-                return False
-            self._history.append(TERMINATED)
-            return True
-        nxt = automaton.next_state(s, token_id)
-        if nxt < 0:
-            return False
-        self._history.append(nxt)
-        return True
+        return self._accept((token_id,)) == 1
+
+    def accept_tokens(self, token_ids: Sequence[int]) -> int:
+        """Advance by each of ``token_ids`` in order, up to the first one the constraint forbids;
+        returns how many were accepted (llguidance's ``consume_tokens``). A run of tokens in one
+        call costs about a third of an ``accept_token`` call per token: an engine whose GPU state
+        table already advanced past them catches its matcher up this way."""
+        automaton = self._automaton
+        size = automaton.vocab.vocab_size
+        return self._accept([t if type(t) is int and 0 <= t < size else
+                             check_index(t, "Matcher.accept_tokens(token_ids)", size,
+                                         f"the token ids of {automaton.vocab.name}") for t in token_ids])
+
+    def _accept(self, token_ids: Sequence[int]) -> int:
+        automaton = self._automaton
+        eos, step = automaton.eos_token_ids, automaton.next_state
+        history = self._history
+        s = history[-1]
+        n = 0
+        for t in token_ids:
+            if s == TERMINATED:
+                break
+            if t in eos:
+                if not automaton.is_accepting(s):
+                    break
+                s = TERMINATED
+            else:
+                s = step(s, t)
+                if s < 0:
+                    break
+            history.append(s)
+            n += 1
+        return n
 
     def accept_bytes(self, data: bytes) -> bool:
         """Advance by raw bytes (forced text); False (and no change) if they leave the language."""

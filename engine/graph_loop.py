@@ -29,11 +29,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from constrain.engine.graph_runner import BATCH_BUCKETS, GraphRunner, batch_bucket, seed_base
-from constrain.engine.scheduler import Row, Scheduler
+from constrain.engine.scheduler import FINISHES, ROUTINE, Row, Scheduler
 from constrain.engine.speculative import verify_drafts
 from constrain.engine.state_cache import StateCache
 
@@ -53,8 +52,9 @@ class GraphStep:
         self._host = torch.full((n, words), -1, dtype=torch.int32, pin_memory=runner.device.type == "cuda")
         self._gid = [-1] * n  # each row's true global state (host mirror of the GPU's)
         self._hosted = [False] * n  # the row's GPU state is its scratch row, not a table state
-        self._pending: list[tuple[int, Row, int, int]] = []  # (row, seq, state, token) misses
-        self._out = np.zeros((3, 0), dtype=np.int64)
+        self._pending: list[tuple[int, Row, int, int]] = []  # (row, seq, state, token) misses (row -1: learn only)
+        self._out: list[list[int]] = [[], [], []]  # the last step's tokens, states after, miss flags
+        self._codes: list[int] = []  # the last step's ``Scheduler.outcomes``
         self._verified = False  # the last step was a speculative one
         self._ahead: tuple[list[Row], int] | None = None  # rows and length of a forward queued ahead
         self.ahead_queued = self.ahead_served = 0  # forwards queued ahead; of them, used by their step
@@ -67,7 +67,7 @@ class GraphStep:
     def host_masks(self, batch: list[Row]) -> list[Row]:
         if not self.table:
             return batch
-        return [s for s in batch if s.request.grammar is None] + [p[1] for p in self._pending]
+        return [s for s in batch if s.request.grammar is None] + [p[1] for p in self._pending if p[0] >= 0]
 
     @property
     def max_len(self) -> int:
@@ -109,9 +109,10 @@ class GraphStep:
         filtered = any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in (s.request.sampling for s in batch))
         run.sample(batch_bucket(len(batch)), "table" if constrained else "none", self.cache.table, filtered)
         self.steps += 1
-        self._out = run.fetch(len(batch)).numpy().copy()
+        tokens, states, miss = self._out = run.fetch(len(batch)).tolist()
+        self._codes = scheduler.outcomes(batch, tokens, states)  # states: -1 where the table missed
         self._forward_ahead(batch, scheduler)
-        return [int(t) for t in self._out[0]]
+        return tokens
 
     # -- the next step's forward, queued before the host takes this step's tokens ---------------
     def _forward_ahead(self, batch: list[Row], scheduler: Scheduler) -> None:
@@ -124,17 +125,12 @@ class GraphStep:
         pass). Cheap predictions: a wrong one costs one forward, which the next step redoes."""
         if scheduler.speculative is not None or not batch:
             return
-        tokens, states, miss = self._out
-        finish = scheduler.may_finish(batch, tokens.tolist())
+        codes = self._codes
         live = len(batch)
-        while live and finish[live - 1]:  # rows at the end that finish leave without moves
+        while live and codes[live - 1] == FINISHES:  # rows at the end that finish leave without moves
             live -= 1
-        if not live or any(finish[:live]):
-            return  # nothing to run, or compaction will move rows: their slots change
-        for i in scheduler.may_force(batch[:live]):
-            known = not (miss[i] or self._hosted[i])
-            if scheduler.forces_at(batch[i], int(tokens[i]), self.cache.local(int(states[i])) if known else None):
-                return
+        if not live or max(codes[:live]) >= FINISHES:
+            return  # nothing to run, compaction will move rows (their slots change), or forced text
         rows = batch[:live]
         length = self.runner.length_bucket(1 + max(s.length + len(s.pending) for s in rows))
         self.runner.forward(batch_bucket(live), length)
@@ -149,8 +145,7 @@ class GraphStep:
         rows, ahead_length = ahead
         if ahead_length < length or len(old) > len(rows):
             return False
-        tokens = self._out[0]
-        return all(a is b and b.pending[0] == tokens[i] for i, (a, b) in enumerate(zip(rows, old)))
+        return all(a is b and b.pending[0] == t for a, b, t in zip(rows, old, self._out[0]))
 
     def verify(self, batch: list[Row], rows: torch.Tensor, scheduler: Scheduler) -> list[list[int]]:
         """Speculative step: pending + draft of every row in one pass of the static decoder (a
@@ -232,21 +227,28 @@ class GraphStep:
         if self._verified:
             self._sync_verified(batch)
             return
-        states, miss = self._out[1], self._out[2]
-        tokens = self._out[0]
+        tokens, states, miss = self._out
+        gids = self._gid
+        others = [i for i, c in enumerate(self._codes) if c != ROUTINE]
+        before = [gids[i] for i in others]
+        gids[:len(states)] = states  # routine rows: where the table advanced them (others: below)
         jumped: list[int] = []
-        for i, s in enumerate(batch):
+        for i, gid in zip(others, before):
+            s = batch[i]
+            gids[i] = gid
             grammar = s.request.grammar
             if grammar is None or s.finish_reason is not None or self._hosted[i]:
                 continue
             if s.forced_now:
-                self._gid[i] = self.cache.enter(grammar, s.matcher.state)
+                gids[i] = self.cache.enter(grammar, s.matcher.state)
                 jumped.append(i)
+                if miss[i]:  # the table learns the pair all the same (no row to patch): a row
+                    self._pending.append((-1, s, gid, tokens[i]))  # taking it next knows where it leads
             elif miss[i]:
-                self._pending.append((i, s, self._gid[i], int(tokens[i])))
+                self._pending.append((i, s, gid, tokens[i]))
             else:
-                self._gid[i] = int(states[i])
-        self._patch(jumped, [self._gid[i] for i in jumped])
+                gids[i] = states[i]
+        self._patch(jumped, [gids[i] for i in jumped])
 
     def _sync_verified(self, batch: list[Row]) -> None:
         """After a speculative step every row moved where only the host knows: its next input
@@ -278,6 +280,8 @@ class GraphStep:
         nxt = self.cache.resolve([p[2] for p in pending], [p[3] for p in pending])
         rows = []
         for (row, s, _, _), gid in zip(pending, nxt):
+            if row < 0:
+                continue
             grammar = s.request.grammar
             assert grammar is not None and s.matcher is not None  # only constrained rows miss
             # The matcher accepted the token: a -1 here means the table and grammar disagree.

@@ -41,6 +41,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -60,6 +61,11 @@ logger = logging.getLogger("constrain")
 BUDGET_MARGIN = 32
 RATE_DECAY = 0.7  # weight of a row's past acceptance rate of a drafter against its latest draft
 FORCED = -1  # a draft position of forced text riding along (others: the index of their drafter)
+# What taking a row's sampled token does (``Scheduler.outcomes``), in rising order of the work
+ROUTINE = 0  # the row goes on, one token pending; its matcher may take the token later (``_Lagging``)
+GOES_ON = 1  # the same, but its matcher takes the token now (where it leads is not known yet)
+FINISHES = 2  # the row may end: an empty mask, a stop token, its budget
+FORCES = 3  # forced text may follow it
 
 
 class _DraftEnd(Exception):
@@ -114,6 +120,81 @@ class _Walk:
 
     def budget_binds(self, tokens_left: int) -> bool:
         return self.cache.binds(self.gid, self.at, tokens_left)
+
+
+class _Refused(Exception):
+    """A lagging matcher refused a token while catching up (``_Lagging.caught_up``)."""
+
+    def __init__(self, token: int) -> None:
+        super().__init__(f"the constraint refused token {token} that its mask allowed")
+
+
+class _Lagging:
+    """A row's ``Matcher`` that may be behind by tokens the backend's state table already
+    advanced past (``lag``). Why: taking a table-served row's token is the steady state of the
+    GPU path, and accepting it into the matcher there (~1 us a row) is work nothing reads that
+    step; ``Scheduler._take_step`` only records it. Every verb catches the matcher up first, in
+    one ``accept_tokens`` call (a third of the cost per token), so the matcher is exact whenever
+    it is used (forced text, the budget-aware close, drafts, errors) and when the row ends. A
+    refused token raises ``_Refused`` (and so does every later use) and cuts the row's output
+    before it, as if the token had been refused when sampled."""
+
+    __slots__ = ("inner", "lag", "generated", "error")
+
+    def __init__(self, inner: Matcher, generated: list[int]) -> None:
+        self.inner = inner
+        self.lag: list[int] = []  # the last tokens of ``generated``, not accepted yet
+        self.generated = generated
+        self.error: Exception | None = None
+
+    def caught_up(self) -> Matcher:
+        lag = self.lag
+        if lag:
+            self.lag = []
+            try:
+                n = _accept_run(self.inner, lag)
+                if n < len(lag):
+                    raise _Refused(lag[n])
+            except Exception as exc:
+                del self.generated[-len(lag):]  # a raising matcher: its accepted part is unknown
+                if isinstance(exc, _Refused):
+                    self.generated.extend(lag[:n])
+                self.error = exc
+        if self.error is not None:
+            raise self.error
+        return self.inner
+
+    def __getattr__(self, name: str) -> Any:  # every verb and property, caught up first
+        return getattr(self.caught_up(), name)
+
+
+def _close_left(left: int, min_completion: float, binds: Callable[[int], bool]) -> int | None:
+    """The budget rule (``Scheduler.budget_left``) at ``left`` tokens left, given the state's
+    shortest completion and whether the close binds there. Beyond the margin the close is not
+    consulted (a cheap test: one token would have to add over BUDGET_MARGIN bytes to the
+    shortest completion); within it the answer is exact, so rows whose every next state still
+    fits keep the plain (GPU table) mask."""
+    if left - 2 >= min_completion + BUDGET_MARGIN:
+        return None
+    return left if binds(left) else None
+
+
+def _accept_run(m: Any, tokens: list[int]) -> int:
+    """How many of ``tokens`` matcher ``m`` accepts in order, up to its first refusal: one
+    ``accept_tokens`` call for a constrain ``Matcher`` (a third of the cost per token)."""
+    if isinstance(m, Matcher):
+        return m.accept_tokens(tokens)
+    n = 0
+    for t in tokens:
+        if not m.accept_token(t):
+            break
+        n += 1
+    return n
+
+
+def _caught_up(m: Any) -> Any:
+    """A row's matcher itself, caught up where it lags (raising as ``_Lagging.caught_up``)."""
+    return m.caught_up() if type(m) is _Lagging else m
 
 
 @dataclass(eq=False)
@@ -222,6 +303,8 @@ class Scheduler:
         self._scratch = allocate_token_bitmask(1, vocab.vocab_size)
         self._stop_set = set(vocab.eos_token_ids)
         self._forced_cache: dict[tuple[int, int], list[int]] = {}
+        self._forcing: dict[int, bool] = {}  # backend cache state -> whether forced text follows it
+        self._codes: list[int] | None = None  # this step's ``outcomes``, where the backend asked
         self.speculative = SpeculativeConfig.parse(speculative)
         self._drafters = self.speculative.build() if self.speculative is not None else []
         self._hosted = np.zeros((0, (vocab.vocab_size + 31) // 32), dtype=np.int32)  # ready matchers' masks
@@ -254,6 +337,8 @@ class Scheduler:
         if matcher is None and request.grammar is not None:
             matcher = request.grammar.matcher()
         row = Row(rid, request, matcher, request.sampling.resolved_seed(), budget, list(request.prompt_ids))
+        if isinstance(matcher, Matcher) and request.grammar is not None:  # table-served: may lag
+            row.matcher = _Lagging(matcher, row.generated)
         self._force(row)
         self.waiting.append(row)
         return rid
@@ -283,17 +368,17 @@ class Scheduler:
         self._prepare_masks(batch)
         rows = self._draft_all(batch) if self.speculative is not None and not new else None
         if rows is not None:
-            emitted = self.backend.verify(batch, rows, self)
+            for s, toks in zip(batch, self.backend.verify(batch, rows, self)):
+                if s.finish_reason is not None:  # failed while drafting
+                    continue
+                toks = self._count_draft(s, toks)
+                # every emitted token but the last was forwarded (as pending or draft): in the cache
+                s.length += len(s.pending) + len(toks) - 1
+                s.pending = []
+                self._advance(s, toks)
         else:
-            emitted = [[int(t)] for t in self.backend.step(batch, len(old), self)]
-        for s, toks in zip(batch, emitted):
-            if s.finish_reason is not None:  # failed while drafting
-                continue
-            toks = self._count_draft(s, toks)
-            # every emitted token but the last was forwarded (as pending or draft): in the cache
-            s.length += len(s.pending) + len(toks) - 1
-            s.pending = []
-            self._advance(s, toks)
+            self._codes = None
+            self._take_step(batch, self.backend.step(batch, len(old), self))
         self.backend.sync(batch)
         self.running = batch
         return done + self._retire()
@@ -304,8 +389,13 @@ class Scheduler:
         side (``BatchMatcher.prepare``: new states of different grammars in parallel, the C++ core
         releasing the GIL) before the backend fills its rows one by one from the caches. A
         matcher that raises here raises again in its own fill, which fails its request alone."""
-        matchers = [s.matcher for s in self.backend.host_masks(batch)
-                    if isinstance(s.matcher, Matcher) and s.finish_reason is None]
+        matchers = []
+        for s in self.backend.host_masks(batch):
+            m = s.matcher
+            if type(m) is _Lagging and not m.lag and m.error is None:  # (they took their tokens)
+                m = m.inner
+            if isinstance(m, Matcher) and s.finish_reason is None:
+                matchers.append(m)
         if len(matchers) > 1:
             try:
                 self.masks.prepare(matchers)
@@ -318,13 +408,7 @@ class Scheduler:
         if not s.request.budget_close or s.request.grammar is None:
             return None
         m = s.matcher if at is None else at
-        left = s.budget - len(s.generated) - ahead
-        # Beyond the margin the close is not consulted (a cheap test: one token would have to add
-        # over BUDGET_MARGIN bytes to the shortest completion); within it the matcher answers
-        # exactly, so rows whose every next state still fits keep the plain (GPU table) mask.
-        if left - 2 >= m.min_completion_bytes() + BUDGET_MARGIN:
-            return None
-        return left if m.budget_binds(left) else None
+        return _close_left(s.budget - len(s.generated) - ahead, m.min_completion_bytes(), m.budget_binds)
 
     def fill_mask(self, s: Row, bitmask: torch.Tensor | np.ndarray, row: int, ahead: int = 0) -> None:
         """``s``'s matcher's mask into ``bitmask`` row ``row``, budget-aware near the end
@@ -333,7 +417,7 @@ class Scheduler:
         try:
             self._fill_close(s.matcher, bitmask, row, self.budget_left(s, ahead))
         except Exception as exc:  # a broken matcher ends its own request, not the batch
-            self._fail(s, f"the constraint raised {type(exc).__name__}: {exc} filling its mask")
+            self._fail_raised(s, exc, "filling its mask")
             bitmask[row] = 0
 
     @staticmethod
@@ -354,10 +438,15 @@ class Scheduler:
         masks from ``cache``; None when the matcher raised, which fails the request alone."""
         if not s.request.budget_close:
             return gid  # the state's own row: the table holds it since the row reached the state
+        m = s.matcher
+        at = m.caught_up if type(m) is _Lagging else lambda: m  # asked only what the cache lacks
         try:
-            return self._mask_row(s, _Walk(cache, s.matcher, gid))
+            if _close_left(s.budget - len(s.generated), cache.min_completion(gid, at),
+                           partial(cache.binds, gid, at)) is None:
+                return gid  # the plain mask (``budget_left`` from the cache, without a walk)
+            return self._mask_row(s, _Walk(cache, m, gid))
         except Exception as exc:  # a broken matcher ends its own request, not the batch
-            self._fail(s, f"the constraint raised {type(exc).__name__}: {exc} filling its mask")
+            self._fail_raised(s, exc, "filling its mask")
             return None
 
     def _mask_row(self, s: Row, walk: _Walk) -> int:
@@ -376,13 +465,40 @@ class Scheduler:
 
         return cache.close(gid, walk.at, left, fill)
 
+    def _take_step(self, batch: list[Row], tokens: list[int]) -> None:
+        """A plain step's sampled tokens into the rows. A row ``outcomes`` found routine (the
+        backend calls it when it knows where the tokens lead) only records its token: its matcher
+        takes it when next used (``_Lagging``). The others go through ``_advance``."""
+        codes = self._codes
+        if codes is None or len(codes) != len(batch):
+            codes = [GOES_ON] * len(batch)
+        for s, t, code in zip(batch, tokens, codes):
+            if s.finish_reason is not None:  # failed while its mask was prepared
+                continue
+            s.length += len(s.pending)
+            if code == ROUTINE:
+                s.pending = [t]
+                s.generated.append(t)
+                s.draws += 1
+                s.forced_now = 0
+                if s.matcher is not None:
+                    s.matcher.lag.append(t)
+            else:
+                s.pending = []
+                self._advance(s, [t])
+
     def _advance(self, s: Row, tokens: list[int]) -> None:
         """Accept a step's tokens in order (one sampled token, or a verified draft's), then
         append forced text after the last; a stop, an error or the budget ends the row there."""
         s.draws += 1
         s.forced_now = 0
+        try:
+            m = _caught_up(s.matcher)
+        except Exception as exc:  # a broken matcher ends its own request, not the batch
+            self._fail_raised(s, exc, "catching up")
+            return
         for token in tokens:
-            if not self._take(s, token):
+            if not self._take(s, m, token):
                 return
             if len(s.generated) >= s.budget:
                 # Out of budget. If the document is complete and only a stop token may follow,
@@ -392,9 +508,9 @@ class Scheduler:
         s.pending = [tokens[-1]]
         self._force(s)
 
-    def _take(self, s: Row, token: int) -> bool:
-        """One emitted token into the row; False when it ended the row (stop or error)."""
-        req, m = s.request, s.matcher
+    def _take(self, s: Row, m: Any, token: int) -> bool:
+        """One emitted token into the row (``m``: its matcher, caught up); False when it ended
+        the row (stop or error)."""
         if m is not None:
             if token < 0:
                 self._fail(s, "the constraint allows no token here (empty mask)")
@@ -402,7 +518,7 @@ class Scheduler:
             try:
                 ok = m.accept_token(token)
             except Exception as exc:  # a broken matcher ends its own request, not the batch
-                self._fail(s, f"the constraint raised {type(exc).__name__}: {exc} on token {token}")
+                self._fail_raised(s, exc, f"on token {token}")
                 return False
             if not ok:
                 self._fail(s, f"the constraint refused token {token} that its mask allowed")
@@ -410,7 +526,7 @@ class Scheduler:
             if m.is_terminated():
                 s.finish_reason = "stop"
                 return False
-        elif token in req.stop_token_ids:
+        elif token in s.request.stop_token_ids:
             s.finish_reason = "stop"
             return False
         s.generated.append(token)
@@ -623,38 +739,50 @@ class Scheduler:
         s.error = f"request {s.rid}: {message} after {len(s.generated)} tokens (a bug, please report)"
         logger.error("%s; the rest of the batch goes on", s.error)
 
+    def _fail_raised(self, s: Row, exc: Exception, where: str) -> None:
+        """``s`` ends with what its matcher raised ``where`` (a lagging one's refusal says it all)."""
+        self._fail(s, str(exc) if isinstance(exc, _Refused) else f"the constraint raised {type(exc).__name__}: {exc} {where}")
+
     def _force(self, s: Row) -> None:
         """Append the forced continuation's canonical tokens (all but the last), accepted into
         the matcher, within the budget."""
-        m = s.matcher
         if not self._may_force(s):
             return
         n = 0
         ids = self.forced_ids(s)[:-1]
         try:
-            for t in ids[: s.budget - len(s.generated) - 1]:
-                if not m.accept_token(t):
-                    break
-                n += 1
+            n = _accept_run(_caught_up(s.matcher), ids[: s.budget - len(s.generated) - 1])
         except Exception as exc:  # a broken matcher ends its own request, not the batch
-            self._fail(s, f"the constraint raised {type(exc).__name__}: {exc} on forced text")
+            self._fail_raised(s, exc, "on forced text")
         s.generated.extend(ids[:n])
         s.pending.extend(ids[:n])
         s.forced += n
         s.forced_now = n
 
     # predictions for a backend that works ahead of ``_advance`` (cheap, per batch)
-    def may_finish(self, batch: list[Row], tokens: list[int]) -> list[bool]:
-        """Per row, whether taking its sampled token may end it (an empty mask, a stop token,
-        its budget)."""
+    def outcomes(self, batch: list[Row], tokens: list[int], nexts: list[int]) -> list[int]:
+        """Per row, what taking its sampled token will do (``ROUTINE``, ``GOES_ON``, ``FINISHES``
+        or ``FORCES``), asked by a backend that knows where the tokens lead before ``step`` takes
+        them (``nexts[i]``: the state of its ``cache`` row i's token led to, -1 where unknown):
+        it queues the next forward ahead on them, and the step takes the routine rows' tokens
+        without their matchers (``_take_step``)."""
         stops = self._stop_set
-        return [t < 0 or len(s.generated) + 1 >= s.budget
-                or t in (stops if s.matcher is not None else s.request.stop_token_ids)
-                for s, t in zip(batch, tokens)]
-
-    def may_force(self, batch: list[Row]) -> list[int]:
-        """Indices of the rows that may append forced text after their next token."""
-        return [i for i, s in enumerate(batch) if self._may_force(s, 1)]
+        codes: list[int] = []
+        append = codes.append
+        for s, t, g in zip(batch, tokens, nexts):
+            m = s.matcher
+            left = s.budget - len(s.generated)
+            if t < 0 or left <= 1 or s.finish_reason is not None or t in (
+                    stops if m is not None else s.request.stop_token_ids):
+                append(FINISHES)
+            elif m is None:
+                append(ROUTINE)
+            elif left > 2 and s.request.force_tokens and s.request.grammar is not None and self._forces(s, t, g):
+                append(FORCES)  # (``_may_force(s, 1)``, spelled out: this is once per row and step)
+            else:
+                append(ROUTINE if g >= 0 and type(m) is _Lagging else GOES_ON)
+        self._codes = codes
+        return codes
 
     @staticmethod
     def _may_force(s: Row, ahead: int = 0) -> bool:
@@ -663,16 +791,23 @@ class Scheduler:
         req = s.request
         return req.grammar is not None and req.force_tokens and s.budget - len(s.generated) - ahead > 1
 
-    def forces_at(self, s: Row, token: int, local: int | None = None) -> bool:
-        """Whether ``_force`` appends tokens after ``s`` (one of ``may_force``) takes ``token``,
-        which leads its grammar to state ``local`` where the caller knows it."""
+    def _forces(self, s: Row, token: int, gid: int) -> bool:
+        """Whether ``_force`` appends tokens after ``s`` takes ``token``, which leads to the
+        backend cache's state ``gid`` (-1: unknown, asked of the row's matcher); per state, once."""
+        forcing = self._forcing.get(gid)
+        if forcing is not None:
+            return forcing
         grammar = s.request.grammar
         assert grammar is not None
-        if local is None:
+        if gid >= 0:
+            forcing = self._forcing[gid] = len(self._forced_at(grammar, self.backend.cache.local(gid))) > 1
+            return forcing
+        try:
             local = grammar.next_state(s.matcher.state, token)
-            if local < 0:
-                return False  # refused or a stop token: the row ends
-        return len(self._forced_at(grammar, local)) > 1
+        except Exception as exc:  # a broken matcher ends its own request, not the batch
+            self._fail_raised(s, exc, "predicting forced text")
+            return True
+        return local >= 0 and len(self._forced_at(grammar, local)) > 1  # < 0: refused or a stop, the row ends
 
     def forced_ids(self, s: Row) -> list[int]:
         """The canonical tokens of the forced text at ``s``'s state (while drafting: the state the
@@ -717,6 +852,12 @@ class Scheduler:
         done = [s for s in self.running if s.finish_reason is not None]
         if not done:
             return []
+        for s in done:  # every matcher ends where the row's tokens put it
+            try:
+                _caught_up(s.matcher)
+            except Exception as exc:
+                if s.error is None:
+                    self._fail_raised(s, exc, "catching up")
         alive = [s for s in self.running if s.finish_reason is None]
         n = len(alive)
         holes = sorted(s.slot for s in done if s.slot < n)

@@ -116,7 +116,8 @@ class StateCache:
     def enter(self, cg: CompiledGrammar, local: int) -> int:
         """Global id of ``cg``'s state ``local``, its mask row stored (a row starts or jumps there)."""
         gid = self._global(cg, local)
-        self._store([gid])
+        if gid not in self._host:
+            self._store([gid])
         return gid
 
     def local(self, gid: int) -> int:

@@ -9,10 +9,13 @@ state table or host masks, unconstrained rows) equal the eager backend's token f
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from support.engine import PERSON_SCHEMA, checker, engine
 
+from constrain import Matcher
 from constrain.engine.constraints import Constraint
 from constrain.engine.generate import run_requests
 from constrain.engine.graph_loop import GraphStep
@@ -192,6 +195,54 @@ def test_a_broken_matcher_fails_only_its_own_request(path: str) -> None:
     assert len(got[1].token_ids) == 1 and not got[1].valid
     assert len(got[4].token_ids) == 2  # two tokens accepted, then the third mask raised
     assert [r.token_ids for r in (got[0], got[2], got[6])] == [r.token_ids for r in alone]
+
+
+class _RefusingAfter(Matcher):
+    """A constrain ``Matcher`` (the scheduler lets it lag behind the state table) that refuses
+    every token after its first ``left``: on the table path the refusal surfaces when it catches up."""
+
+    def __init__(self, grammar, left: int) -> None:
+        super().__init__(grammar.matcher()._automaton)
+        self.left = left
+        self.refused_in = 0  # the length of the run it refused a token of
+
+    def _accept(self, token_ids):
+        n = super()._accept(list(token_ids)[: max(self.left, 0)])
+        self.left -= n
+        if n < len(token_ids) and not self.refused_in:
+            self.refused_in = len(token_ids)
+        return n
+
+
+def test_lagging_matchers_end_exact_and_refusals_fail_alone() -> None:
+    """Table-served rows take their tokens without their matchers, which catch up when used:
+    each request's own matcher still ends where its tokens put it, and one that refuses a token
+    while catching up fails its request alone with the output and error the eager path gives
+    (which refuses it when sampled)."""
+    eng = engine()
+    healthy = _requests(eng)
+    order, person = healthy[0].grammar, healthy[3].grammar
+    own = person.matcher()
+    reqs = [GenerationRequest(healthy[0].prompt_ids, order, max_tokens=80, matcher=_RefusingAfter(order, 25)),
+            healthy[2], GenerationRequest(healthy[3].prompt_ids, person, max_tokens=12, matcher=own), healthy[1]]
+    plain = [dataclasses.replace(r, matcher=None) for r in reqs]
+    want = _eager(eng, [reqs[0], *plain[1:]])
+    reqs[0].matcher = refusing = _RefusingAfter(order, 25)
+    backend = GraphStep(GraphRunner(eng.loaded.model, 2, 128), eng.vocab.vocab_size)
+    sched = Scheduler(backend, eng.vocab, eng._encode, max_prefill_tokens=64)
+    run_requests(sched, plain)  # the table learns every state and transition: rows lag from now on
+    misses = backend.cache.misses
+    got = run_requests(sched, reqs)
+    assert backend.cache.misses == misses
+    def outcome(r):  # (request ids differ: the warm-up run took the first ones)
+        return r.token_ids, r.finish_reason, r.error and r.error.split(":", 1)[1]
+
+    assert [outcome(g) for g in got] == [outcome(w) for w in want]
+    assert got[0].finish_reason == "error" and "refused token" in got[0].error and len(got[0].token_ids) == 25
+    assert refusing.refused_in > 1  # refused while catching up, several tokens after it was sampled
+    replay = person.matcher()
+    assert replay.accept_tokens(got[2].token_ids) == len(got[2].token_ids) and got[2].finish_reason == "stop"
+    assert replay.accept_token(eng.vocab.eos_token_ids[0]) and own.state == replay.state
 
 
 def test_bad_requests_fail_alone() -> None:

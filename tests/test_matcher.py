@@ -105,6 +105,24 @@ def test_document_accepted_token_by_token_then_stop() -> None:
     assert m.allowed_token_ids().tolist() == sorted(vocab.eos_token_ids)
 
 
+def test_accept_tokens_is_accept_token_in_a_loop(byte_vocab) -> None:
+    """``accept_tokens`` accepts up to the first refusal and says how many: the same states,
+    the same history for ``rollback``, a stop token ending the document, a bad id an error."""
+    compiled = constrain.compile_regex("ab[cd]+", byte_vocab)
+    m, one = compiled.matcher(), compiled.matcher()
+    run = list(b"abcdxc")
+    assert m.accept_tokens(run) == 4  # "x" is refused: nothing after it is taken
+    assert [one.accept_token(t) for t in run[:5]] == [True] * 4 + [False]
+    assert m.state == one.state
+    m.rollback(2)  # back to "ab"
+    assert m.allowed_token_ids().tolist() == list(b"cd")
+    assert m.accept_tokens([]) == 0 and m.accept_tokens([ord("d"), 256, ord("c")]) == 2 and m.is_terminated()
+    fresh = compiled.matcher()
+    with pytest.raises(ValueError, match=r"accept_tokens\(token_ids\)=257 is outside \[0, 257\)"):
+        fresh.accept_tokens([ord("a"), 257])
+    assert fresh.state == compiled.initial_state  # checked before any token is taken
+
+
 def test_rollback_fork_reset() -> None:
     vocab = gpt2()
     compiled = constrain.compile_grammar(RECORD, vocab)

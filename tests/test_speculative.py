@@ -269,7 +269,7 @@ def test_sampled_speculation_follows_masked_sampling() -> None:
             counts[index[(*g.token_ids, g.finish_reason)]] += 1
         assert chi2_pvalue(counts, expected) > 1e-3, (spec, sorted(zip(expected.tolist(), counts.tolist()))[-8:])
         if spec is not None:
-            assert sum(g.draft_tokens for g in got) > n // 10  # drafts were verified, not skipped
+            assert sum(g.draft_tokens for g in got) > n // 20  # drafts were verified, not skipped
             assert 0 < sum(g.accepted_draft_tokens for g in got) < sum(g.draft_tokens for g in got)
 
 
