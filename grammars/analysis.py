@@ -183,11 +183,17 @@ class MinLength:
         self.rule_mins = rule_mins
         self.exact = exact
         # By identity (the grammar keeps every node alive): lengths that depend on the rules or took
-        # a lower bound, with whether they took one (a node seen again passes both on to its user).
-        self.memo: dict[int, tuple[float, bool]] = {}
+        # a lower bound, with whether they took one (a node seen again passes both on to its user)
+        # and whether that was inside another node's bound.
+        self.memo: dict[int, tuple[float, bool, bool]] = {}
         self.refs_seen = 0
         self.bounds_seen = 0  # lower bounds taken for And/Not
         self.level = 0  # recursion depth, bounded by MAX_NESTING
+        # The And/Not nodes whose lower bound stands in a length (not inside another's bound), with
+        # the bound; ``bounds_known`` turns False when one may be missing (see ``RuleLengths``).
+        self.bounds: dict[int, tuple[Node, float]] = {}
+        self.bounds_known = True
+        self._inside_bound = 0
 
     def rule(self, name: str) -> float:
         return self.rule_mins.get(name, INFINITE)
@@ -200,6 +206,8 @@ class MinLength:
         if hit is not None:
             self.refs_seen += 1  # so the user is not cached as rule-free and exact either
             self.bounds_seen += hit[1]
+            if hit[2] and not self._inside_bound:
+                self.bounds_known = False  # its bounds were not listed: measured inside another's
             return hit[0]
         if self.level >= MAX_NESTING:
             raise nesting_error()
@@ -255,7 +263,8 @@ class MinLength:
         if self.refs_seen == refs_before and self.bounds_seen == bounds_before:
             node.cache_min_length(out)  # exact and rule-free: true in every grammar
         else:
-            self.memo[id(node)] = (out, self.bounds_seen != bounds_before)
+            took = self.bounds_seen != bounds_before
+            self.memo[id(node)] = (out, took, took and self._inside_bound > 0)
         return out
 
     def _each(self, items: tuple[Node, ...]) -> list[float]:
@@ -269,18 +278,31 @@ class MinLength:
             return self.exact(node)
         self.bounds_seen += 1
         if isinstance(node, ir.Not):
-            return 0
-        return max(self._each(node.items))
+            out: float = 0
+        else:
+            self._inside_bound += 1
+            try:
+                out = max(self._each(node.items))
+            finally:
+                self._inside_bound -= 1
+        if not self._inside_bound:
+            seen = self.bounds.setdefault(id(node), (node, out))
+            if seen[1] != out:
+                self.bounds_known = False  # its bound fell with its cycle's lengths: not one number
+        return out
 
 
 class RuleLengths(NamedTuple):
     """What ``measure_rules`` learnt: the lengths (finite ones), the rules whose length took a
     lower bound (an ``And``/``Not`` measured without ``exact``, in the rule or in a rule it uses:
-    every other length is exact) and the rule graph (which rules each rule uses)."""
+    every other length is exact), the rule graph (which rules each rule uses) and the bounds
+    taken: each ``And``/``Not`` whose lower bound stands in some length, with that bound (None
+    when the list may be incomplete)."""
 
     lengths: dict[str, float]
     bounded: frozenset[str]
     graph: dict[str, set[str]]
+    bounds: tuple[tuple[Node, float], ...] | None = ()
 
 
 def rule_min_lengths(rules: Mapping[str, Node], exact: Callable[[Node], float] | None = None) -> dict[str, float]:
@@ -297,12 +319,16 @@ def measure_rules(rules: Mapping[str, Node], exact: Callable[[Node], float] | No
                   known: RuleLengths | None = None) -> RuleLengths:
     """``rule_min_lengths``, with what it learnt; ``known``: an earlier measure of the same rules
     (without ``exact``), whose graph is reused and whose exact lengths are kept: only the rules it
-    bounded are measured again (the compiler's exact pass after the front end's check).
+    bounded are measured again (the compiler's exact pass after the front end's check), and none
+    when ``exact`` finds each bound it took exact (``_bounds_exact``: the usual case).
 
     Rules are measured after the rules they use (no recursion through references, so a chain
     of thousands of rules costs no depth); a cycle is iterated until its lengths settle, which
     takes at most one pass per rule in it (a shortest derivation repeats no rule on a path).
     """
+    if known is not None and exact is not None and _bounds_exact(known, exact):
+        # Every bound taken was exact: measuring again would repeat the same sums and minima.
+        return RuleLengths(dict(known.lengths), frozenset(), known.graph)
     graph = known.graph if known is not None else {name: {r for r in refs(body) if r in rules}
                                                    for name, body in rules.items()}
     lengths: dict[str, float] = {}
@@ -316,7 +342,20 @@ def measure_rules(rules: Mapping[str, Node], exact: Callable[[Node], float] | No
         _measure_component(comp, rules, graph, lengths, size)
         if size.bounds_seen > bounds_before or any(not bounded.isdisjoint(graph[name]) for name in comp):
             bounded.update(comp)
-    return RuleLengths({name: n for name, n in lengths.items() if n < INFINITE}, frozenset(bounded), graph)
+    return RuleLengths({name: n for name, n in lengths.items() if n < INFINITE}, frozenset(bounded), graph,
+                       tuple(size.bounds.values()) if size.bounds_known else None)
+
+
+def _bounds_exact(known: RuleLengths, exact: Callable[[Node], float]) -> bool:
+    """Whether every bound ``known`` took is what ``exact`` finds for its node.
+
+    The exact pass measures the bounded rules again, the same way, but each of these nodes counts
+    as ``exact(node)``, one number (``exact`` sees the rules with ``known``'s lengths throughout):
+    where each equals the bound the first pass took every time it met the node, the two passes
+    add and compare the same numbers and end with the same lengths."""
+    if known.bounds is None or not known.bounded:
+        return known.bounds is not None
+    return all(exact(node) == bound for node, bound in known.bounds)
 
 
 def _measure_component(comp: list[str], rules: Mapping[str, Node], graph: dict[str, set[str]],
