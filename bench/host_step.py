@@ -19,11 +19,14 @@ Every replay's results must equal the recording, token for token.
 Timed: every ``Scheduler.step`` that admits no request, after one warm-up pass of the same
 requests through the same scheduler and backend (the steady state: states, transitions, close
 rows and forced text all seen; first visits are a separate problem), minus the time spent in
-the stubs (what the GPU does). Reported: host us per live row per step (best of
+the stubs (what the GPU does) and in ``GraphRunner.move_rows`` (compaction's device copies of
+each moved row's buffers and KV slot, reported apart: on the CPU they are copies, on a GPU
+kernel launches, a different cost). Reported: host us per live row per step (best of
 ``--repeats`` passes; this process's CPU time, ``time.process_time``, so other work on the
 machine does not count; torch on one thread; the garbage collector off, as ``timeit`` has it:
-a full collection takes ~0.1 s with a model loaded and would land in one step), and with ``--profile`` a cProfile breakdown of
-one timed pass at the largest batch.
+a full collection takes ~0.1 s with a model loaded and would land in one step), the same per
+section (``SECTIONS``: one more pass with a timer around each; nested ones overlap), and with
+``--profile`` a cProfile breakdown of one pass at the largest batch.
 
 Two request kinds: ``plain`` (no forced text, no budget-aware close: the engine bench's mode
 table, ``bench/engine_graph.make_requests``) and ``defaults`` (the Engine's defaults: forced
@@ -119,13 +122,12 @@ def record(engine: Any, kind: str, count: int, max_tokens: int) -> tuple[list[Ge
 class ReplayRunner(GraphRunner):
     """A ``GraphRunner`` whose forward is a no-op and whose sample emits each row's recorded
     token, the state table gathering and advancing on CPU as ``kernels.constrained_step`` does.
-    ``stub_s`` accumulates the time spent standing in for the GPU."""
+    ``stub_s`` accumulates the time spent standing in for the GPU, ``moves_s`` in compaction."""
 
     def __init__(self, max_batch: int, max_len: int, stop: int, layers: int) -> None:
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        # ``layers`` as the real model's: compaction (``move_rows``) copies each layer's KV slots,
-        # one host call each, what it costs on the GPU too
+        # ``layers``: the real model's, so that compaction copies KV slots of the real shape
         tiny = LlamaConfig(vocab_size=2, hidden_size=8, num_hidden_layers=layers, num_attention_heads=1,
                            num_key_value_heads=1, intermediate_size=8, max_position_embeddings=max_len,
                            bos_token_id=0, eos_token_id=0, pad_token_id=0)
@@ -134,6 +136,7 @@ class ReplayRunner(GraphRunner):
         self.batch: list[Row] = []
         self.records: dict[int, dict] = {}  # id(request) -> its recording
         self.stub_s = 0.0
+        self.moves_s = 0.0  # in ``move_rows``: device copies (compaction), counted apart
         self.runner.extend = self._extend  # type: ignore[method-assign]
 
     def _extend(self, first_slot: int, tokens: Any, starts: Any, n_logits: Any = None) -> torch.Tensor:
@@ -144,6 +147,11 @@ class ReplayRunner(GraphRunner):
 
     def verify_forward(self, tokens: list[list[int]], starts: list[int]) -> torch.Tensor:
         return torch.zeros(len(tokens), max(map(len, tokens)), self.logits.shape[1])
+
+    def move_rows(self, moves: list[tuple[int, int, int]], live: int) -> None:
+        t0 = time.process_time()
+        super().move_rows(moves, live)
+        self.moves_s += time.process_time() - t0
 
     def _recorded(self, rows: int) -> torch.Tensor:
         out = [0] * rows
@@ -164,9 +172,10 @@ class ReplayRunner(GraphRunner):
         sl = slice(0, rows)
         if mode == "table":
             states = self.states[sl]
-            words = table.gather_masks(states)
-            bits = (words[torch.arange(rows), tok >> 5] >> (tok & 31)) & 1
-            bad = [i for i in range(len(self.batch)) if not bits[i] and self.batch[i].matcher is not None]
+            # each row's word of its token only: a gather of whole rows (1.5 MB at batch 256)
+            # would evict the host's own data from the caches, which the GPU does not
+            bits = ((table.masks[states.clamp(min=0).long(), tok >> 5] >> (tok & 31)) & 1).tolist()
+            bad = [i for i, s in enumerate(self.batch) if not bits[i] and s.matcher is not None]
             if bad:
                 raise Diverged(f"rows {bad}: the recorded token is not allowed by the row's mask")
             nxt, miss = table.advance(states, tok)
@@ -194,27 +203,28 @@ class ReplayStep(GraphStep):
 
 # the per-step pieces the breakdown times, where they exist (names of the code measured)
 SECTIONS = {"backend": ("_prepare_masks", "_ahead_serves", "_forward_ahead", "sync", "_resolve_pending", "move_rows"),
-            "scheduler": ("_prepare_masks", "outcomes", "_take_step", "_retire")}
+            "scheduler": ("_prepare_masks", "outcomes", "_take_step", "_advance", "_retire", "_result")}
 
 
 class TimedScheduler(Scheduler):
-    """Times every step that admits nothing: (CPU s, stub CPU s, live rows); ``sections``: CPU s
-    inside each of the ``SECTIONS`` methods during those steps."""
+    """Times every step that admits nothing: (CPU s, in the stubs, in compaction, live rows);
+    ``sections``: CPU s inside each of the ``SECTIONS`` methods during those steps."""
 
-    log: list[tuple[float, float, int]]
+    log: list[tuple[float, float, float, int]]
     timing = False
 
     def step(self) -> list[tuple[int, GenerationResult]]:
         backend = self.backend
         assert isinstance(backend, ReplayStep)
         admit = bool(self.waiting) and len(self.running) < backend.max_rows
-        live, stub = len(self.running), backend.runner.stub_s
+        runner = backend.runner
+        live, stub, moves = len(self.running), runner.stub_s, runner.moves_s
         self.timing = not admit and bool(live)
         t0 = time.process_time()
         out = super().step()
         wall = time.process_time() - t0
         if self.timing:
-            self.log.append((wall, backend.runner.stub_s - stub, live))
+            self.log.append((wall, runner.stub_s - stub, runner.moves_s - moves, live))
         return out
 
     def time_sections(self) -> dict[str, float]:
@@ -265,15 +275,15 @@ def replay(engine: Any, reqs: list[GenerationRequest], recs: list[dict], batch: 
         for i, (g, w) in enumerate(zip(got, want)):
             if g.token_ids != w["tokens"] or g.finish_reason != w["finish"]:
                 raise Diverged(f"request {i}: replay gave {g.finish_reason} {g.token_ids}, recorded {w}")
-        host = sum(w - s for w, s, _ in sched.log)
-        return 1e6 * host / sum(n for _, _, n in sched.log)
+        return 1e6 * sum(w - s - m for w, s, m, _ in sched.log) / sum(n for *_, n in sched.log)
 
     warm = one_pass()
     times = [one_pass() for _ in range(repeats)]
-    row_steps = sum(n for _, _, n in sched.log)
+    row_steps = sum(n for *_, n in sched.log)
     out = {"batch": batch, "us_per_row_step": round(min(times), 2), "passes": [round(t, 2) for t in times],
            "warmup_pass": round(warm, 2), "steps": len(sched.log), "row_steps": row_steps,
-           "stub_us_per_row_step": round(1e6 * sum(s for _, s, _ in sched.log) / row_steps, 2)}
+           "stub_us_per_row_step": round(1e6 * sum(s for _, s, _, _ in sched.log) / row_steps, 2),
+           "compaction_us_per_row_step": round(1e6 * sum(m for _, _, m, _ in sched.log) / row_steps, 2)}
     if profile:
         prof = cProfile.Profile()
         one_pass(prof)

@@ -71,24 +71,18 @@ class Matcher:
                                          f"the token ids of {automaton.vocab.name}") for t in token_ids])
 
     def _accept(self, token_ids: Sequence[int]) -> int:
-        automaton = self._automaton
-        eos, step = automaton.eos_token_ids, automaton.next_state
         history = self._history
         s = history[-1]
-        n = 0
-        for t in token_ids:
-            if s == TERMINATED:
-                break
-            if t in eos:
-                if not automaton.is_accepting(s):
-                    break
-                s = TERMINATED
-            else:
-                s = step(s, t)
-                if s < 0:
-                    break
-            history.append(s)
-            n += 1
+        if s == TERMINATED:
+            return 0
+        automaton = self._automaton
+        after = automaton.walk(s, token_ids)  # up to a stop token or a refused one
+        history.extend(after)
+        n = len(after)
+        if n < len(token_ids) and token_ids[n] in automaton.eos_token_ids:
+            if automaton.is_accepting(after[-1] if after else s):
+                history.append(TERMINATED)
+                n += 1
         return n
 
     def accept_bytes(self, data: bytes) -> bool:

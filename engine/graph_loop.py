@@ -52,6 +52,7 @@ class GraphStep:
         self._host = torch.full((n, words), -1, dtype=torch.int32, pin_memory=runner.device.type == "cuda")
         self._gid = [-1] * n  # each row's true global state (host mirror of the GPU's)
         self._hosted = [False] * n  # the row's GPU state is its scratch row, not a table state
+        self._filtered = [False] * n  # the row samples with top-k or top-p
         self._pending: list[tuple[int, Row, int, int]] = []  # (row, seq, state, token) misses (row -1: learn only)
         self._out: list[list[int]] = [[], [], []]  # the last step's tokens, states after, miss flags
         self._codes: list[int] = []  # the last step's ``Scheduler.outcomes``
@@ -94,19 +95,17 @@ class GraphStep:
         old, new = batch[:n_old], batch[n_old:]
         ahead, self._ahead = self._ahead, None
         if old:
-            if all(len(s.pending) == 1 for s in old):
-                length = run.length_bucket(1 + max(s.length for s in old))
-                if self._ahead_serves(ahead, old, length):
-                    self.ahead_served += 1
-                else:
-                    run.forward(batch_bucket(n_old), length)
+            if self._ahead_serves(ahead, old):
+                self.ahead_served += 1
+            elif all(len(s.pending) == 1 for s in old):
+                run.forward(batch_bucket(n_old), run.length_bucket(1 + max(s.length for s in old)))
             else:
                 self._forward_forced(old)
         self._resolve_pending()  # host work while the forward computes (it reads no states)
         if new:
             self._prefill(new, n_old)
         constrained = self._prepare_masks(batch, scheduler)
-        filtered = any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in (s.request.sampling for s in batch))
+        filtered = any(self._filtered[:len(batch)])
         run.sample(batch_bucket(len(batch)), "table" if constrained else "none", self.cache.table, filtered)
         self.steps += 1
         tokens, states, miss = self._out = run.fetch(len(batch)).tolist()
@@ -137,15 +136,15 @@ class GraphStep:
         self._ahead = (rows, length)
         self.ahead_queued += 1
 
-    def _ahead_serves(self, ahead: tuple[list[Row], int] | None, old: list[Row], length: int) -> bool:
-        """Whether the forward queued ahead is this step's: the same rows in the same slots, each
-        appending the token it sampled, attending at least as far."""
-        if ahead is None:
+    def _ahead_serves(self, ahead: tuple[list[Row], int] | None, old: list[Row]) -> bool:
+        """Whether the forward queued ahead is this step's: the same rows in the same slots (a
+        prefix of them: rows at the end may have finished), each appending the one token it
+        sampled. It then attends at least as far as this step needs (its length was the longest
+        of those rows' lengths after their token)."""
+        if ahead is None or len(old) > len(ahead[0]):
             return False
-        rows, ahead_length = ahead
-        if ahead_length < length or len(old) > len(rows):
-            return False
-        return all(a is b and b.pending[0] == t for a, b, t in zip(rows, old, self._out[0]))
+        return all(a is b and len(p) == 1 and p[0] == t
+                   for a, b, t, p in zip(ahead[0], old, self._out[0], (s.pending for s in old)))
 
     def verify(self, batch: list[Row], rows: torch.Tensor, scheduler: Scheduler) -> list[list[int]]:
         """Speculative step: pending + draft of every row in one pass of the static decoder (a
@@ -191,6 +190,8 @@ class GraphStep:
             grammar = s.request.grammar
             gid = self.cache.enter(grammar, s.matcher.state) if grammar is not None else -1
             self._gid[i], self._hosted[i] = gid, False
+            p = s.request.sampling
+            self._filtered[i] = p.temperature > 0 and (p.top_k > 0 or p.top_p < 1)
             states.append(gid)
         run.states[rows] = self._upload([states], torch.int32)[0]
 
@@ -203,9 +204,11 @@ class GraphStep:
         hosted: list[int] = []
         rows: list[int] = []
         states: list[int] = []
+        constrained = False
         for i, s in enumerate(batch):
             if s.matcher is None:
                 continue
+            constrained = True
             if not self.table or s.request.grammar is None:
                 scheduler.fill_mask(s, self._host, i)
                 hosted.append(i)
@@ -220,7 +223,7 @@ class GraphStep:
             for i in hosted:
                 self._hosted[i] = True
             self._patch(hosted, hosted)
-        return any(s.matcher is not None for s in batch)
+        return constrained
 
     def sync(self, batch: list[Row]) -> None:
         """Mirror the GPU's states; forced text moved a row where the GPU cannot know: patch it."""
@@ -310,5 +313,5 @@ class GraphStep:
         if moves:
             self._ahead = None  # its rows moved slots
         for src, dst, _ in moves:
-            self._gid[dst], self._hosted[dst] = self._gid[src], self._hosted[src]
+            self._gid[dst], self._hosted[dst], self._filtered[dst] = self._gid[src], self._hosted[src], self._filtered[src]
         self.runner.move_rows(moves, live)

@@ -41,7 +41,6 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -168,17 +167,6 @@ class _Lagging:
         return getattr(self.caught_up(), name)
 
 
-def _close_left(left: int, min_completion: float, binds: Callable[[int], bool]) -> int | None:
-    """The budget rule (``Scheduler.budget_left``) at ``left`` tokens left, given the state's
-    shortest completion and whether the close binds there. Beyond the margin the close is not
-    consulted (a cheap test: one token would have to add over BUDGET_MARGIN bytes to the
-    shortest completion); within it the answer is exact, so rows whose every next state still
-    fits keep the plain (GPU table) mask."""
-    if left - 2 >= min_completion + BUDGET_MARGIN:
-        return None
-    return left if binds(left) else None
-
-
 def _accept_run(m: Any, tokens: list[int]) -> int:
     """How many of ``tokens`` matcher ``m`` accepts in order, up to its first refusal: one
     ``accept_tokens`` call for a constrain ``Matcher`` (a third of the cost per token)."""
@@ -197,9 +185,10 @@ def _caught_up(m: Any) -> Any:
     return m.caught_up() if type(m) is _Lagging else m
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Row:
-    """One admitted request: its matcher, KV slot, tokens and where it stands."""
+    """One admitted request: its matcher, KV slot, tokens and where it stands. (Slots: the
+    steady state reads and writes a few of its fields per row and step.)"""
 
     rid: int
     request: GenerationRequest
@@ -304,6 +293,7 @@ class Scheduler:
         self._stop_set = set(vocab.eos_token_ids)
         self._forced_cache: dict[tuple[int, int], list[int]] = {}
         self._forcing: dict[int, bool] = {}  # backend cache state -> whether forced text follows it
+        self._plain_from: dict[int, float] = {}  # backend cache state -> bytes left from which its close is its plain mask
         self._codes: list[int] | None = None  # this step's ``outcomes``, where the backend asked
         self.speculative = SpeculativeConfig.parse(speculative)
         self._drafters = self.speculative.build() if self.speculative is not None else []
@@ -408,7 +398,13 @@ class Scheduler:
         if not s.request.budget_close or s.request.grammar is None:
             return None
         m = s.matcher if at is None else at
-        return _close_left(s.budget - len(s.generated) - ahead, m.min_completion_bytes(), m.budget_binds)
+        left = s.budget - len(s.generated) - ahead
+        # Beyond the margin the close is not consulted (a cheap test: one token would have to add
+        # over BUDGET_MARGIN bytes to the shortest completion); within it the matcher answers
+        # exactly, so rows whose every next state still fits keep the plain (GPU table) mask.
+        if left - 2 >= m.min_completion_bytes() + BUDGET_MARGIN:
+            return None
+        return left if m.budget_binds(left) else None
 
     def fill_mask(self, s: Row, bitmask: torch.Tensor | np.ndarray, row: int, ahead: int = 0) -> None:
         """``s``'s matcher's mask into ``bitmask`` row ``row``, budget-aware near the end
@@ -438,13 +434,21 @@ class Scheduler:
         masks from ``cache``; None when the matcher raised, which fails the request alone."""
         if not s.request.budget_close:
             return gid  # the state's own row: the table holds it since the row reached the state
+        # ``budget_left``'s rule per state: the plain mask while the bytes left after the next
+        # token (tokens left - 2) reach the shortest completion + BUDGET_MARGIN or the longest of
+        # the next states' shortest completions, the second asked only within the margin
+        after = s.budget - len(s.generated) - 2
+        plain = self._plain_from.get(gid)
+        if plain is not None and after >= plain:
+            return gid
         m = s.matcher
         at = m.caught_up if type(m) is _Lagging else lambda: m  # asked only what the cache lacks
         try:
-            if _close_left(s.budget - len(s.generated), cache.min_completion(gid, at),
-                           partial(cache.binds, gid, at)) is None:
-                return gid  # the plain mask (``budget_left`` from the cache, without a walk)
-            return self._mask_row(s, _Walk(cache, m, gid))
+            plain = cache.min_completion(gid, at) + BUDGET_MARGIN
+            if after < plain:
+                plain = min(plain, cache.max_next_completion(gid, at))
+            self._plain_from[gid] = plain
+            return gid if after >= plain else self._close_row(cache, gid, after + 2, at)
         except Exception as exc:  # a broken matcher ends its own request, not the batch
             self._fail_raised(s, exc, "filling its mask")
             return None
@@ -458,12 +462,16 @@ class Scheduler:
         if left is None:
             cache.row(gid, walk.at)
             return gid
+        return self._close_row(cache, gid, left, walk.at)
 
+    def _close_row(self, cache: StateCache, gid: int, left: int, at: Callable[[], Any]) -> int:
+        """Table row of state ``gid``'s close mask with ``left`` tokens left (the close binds):
+        computed the first time its level is met, by the matcher ``at()`` standing there."""
         def fill() -> np.ndarray:
-            self._fill_close(walk.at(), self._scratch, 0, left)
+            self._fill_close(at(), self._scratch, 0, left)
             return self._scratch[0].numpy()
 
-        return cache.close(gid, walk.at, left, fill)
+        return cache.close(gid, at, left, fill)
 
     def _take_step(self, batch: list[Row], tokens: list[int]) -> None:
         """A plain step's sampled tokens into the rows. A row ``outcomes`` found routine (the
@@ -746,12 +754,15 @@ class Scheduler:
     def _force(self, s: Row) -> None:
         """Append the forced continuation's canonical tokens (all but the last), accepted into
         the matcher, within the budget."""
-        if not self._may_force(s):
+        grammar = s.request.grammar
+        if grammar is None or not self._may_force(s):
             return
         n = 0
-        ids = self.forced_ids(s)[:-1]
+        ids: list[int] = []
         try:
-            n = _accept_run(_caught_up(s.matcher), ids[: s.budget - len(s.generated) - 1])
+            m = _caught_up(s.matcher)
+            ids = self._forced_at(grammar, m.state)[:-1]  # (``forced_ids``, not drafting)
+            n = _accept_run(m, ids[: s.budget - len(s.generated) - 1])
         except Exception as exc:  # a broken matcher ends its own request, not the batch
             self._fail_raised(s, exc, "on forced text")
         s.generated.extend(ids[:n])

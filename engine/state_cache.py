@@ -167,6 +167,12 @@ class StateCache:
         levels = self._next_completions(gid, at)
         return budget_level(levels, tokens_left) < len(levels)
 
+    def max_next_completion(self, gid: int, at: At) -> float:
+        """The longest of ``gid``'s next states' shortest completions (-inf with none): the close
+        binds exactly where the bytes left after the next token fall below it."""
+        levels = self._next_completions(gid, at)
+        return levels[-1] if levels else float("-inf")
+
     def close(self, gid: int, at: At, tokens_left: int, fill: Callable[[], np.ndarray]) -> int:
         """Id of the row holding state ``gid``'s budget-aware close mask at ``tokens_left`` (the
         close binds there). ``fill()`` computes the mask (the host rule, fallback included) the
