@@ -246,9 +246,9 @@ def seq(*items: Node) -> Node:
     return out[0] if len(out) == 1 else Seq(tuple(out))
 
 
-# Up to this many parts ``alt`` compares a new part with those kept one by one (a kind check, then
-# a walk that stops at the first difference), rather than hashing it: a fresh tree's hash walks
-# all of it, and the hashes would not be needed later.
+# Up to this many parts ``alt`` compares a new part with those kept one by one (the kind, the
+# hashes where both are cached, then a walk that stops at the first difference), rather than
+# hashing it: a fresh tree's hash walks all of it, and the hashes would not be needed later.
 _ALT_SCAN = 8
 
 
@@ -266,10 +266,16 @@ def alt(*items: Node) -> Node:
                 if part not in seen:
                     seen.add(part)
                     out.append(part)
-            elif part not in out:
-                out.append(part)
-                if len(out) > _ALT_SCAN:
-                    seen = set(out)
+            else:
+                kind, h = type(part), part._hash
+                for kept in out:  # equal only if the same kind and (where both are known) hash
+                    if kept is part or (type(kept) is kind and (h is None or kept._hash is None or h == kept._hash)
+                                        and kept == part):
+                        break
+                else:
+                    out.append(part)
+                    if len(out) > _ALT_SCAN:
+                        seen = set(out)
     if mask:
         out.insert(0, Bytes(mask))
     if not out:

@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
@@ -102,8 +102,27 @@ def _check_text_depth(text: str) -> None:
 def _check_depth(schema: Any) -> None:
     """Refuse a schema nested deeper than ``MAX_SCHEMA_DEPTH`` (or containing itself), iteratively.
 
-    Each entry links to its parent, so the pointer of the offending place is known only when needed.
+    A walk that keeps only depths (each container's children pushed by one C-level ``extend``);
+    where it finds a place too deep, ``_refuse_deep`` walks again to name it.
     """
+    stack: list[tuple[Any, int]] = [(schema, 0)]
+    pop, extend = stack.pop, stack.extend
+    while stack:
+        value, depth = pop()
+        if isinstance(value, dict):
+            children: Iterable[Any] = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth >= MAX_SCHEMA_DEPTH:
+            _refuse_deep(schema)
+        extend(zip(children, repeat(depth + 1)))
+
+
+def _refuse_deep(schema: Any) -> None:
+    """``_check_depth``'s error, naming the first place too deep (each entry links to its parent,
+    so the pointer is spelt only for that place)."""
     stack: list[tuple[Any, int, Any, str]] = [(schema, 0, None, "")]
     while stack:
         entry = stack.pop()

@@ -86,6 +86,36 @@ _EXPONENT_FREE = seq(optional(MINUS), NATURAL, optional(FRACTION))
 MAX_INDENT_DEPTH = 48
 
 
+_TYPE_NAMES = frozenset({"null", "boolean", "object", "array", "string", "number", "integer"})
+
+
+def _type_says(value: Any, type_: Any) -> bool | None:
+    """Whether JSON ``value`` satisfies ``{"type": type_}``, where every draft agrees (None where
+    they differ, an integral float against "integer", or for a malformed ``type``)."""
+    names = [type_] if isinstance(type_, str) else type_
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n in _TYPE_NAMES for n in names):
+        return None
+    if isinstance(value, bool):
+        kind = "boolean"
+    elif value is None:
+        kind = "null"
+    elif isinstance(value, str):
+        kind = "string"
+    elif isinstance(value, list):
+        kind = "array"
+    elif isinstance(value, dict):
+        kind = "object"
+    elif isinstance(value, int):
+        return "integer" in names or "number" in names
+    elif isinstance(value, float):
+        if "number" in names:
+            return True
+        return None if value.is_integer() and "integer" in names else False
+    else:
+        return None
+    return kind in names
+
+
 @lru_cache(maxsize=65536)
 def _key_body_literal(key: str) -> Node:
     """``Translator.key_body_literal``, shared: every object that excludes its declared keys from
@@ -209,6 +239,10 @@ class Translator:
             schema = stripped
             if not schema.keys() - _ANNOTATIONS:
                 return True
+        if isinstance(schema, dict) and "type" in schema and not schema.keys() - _ANNOTATIONS - {"type"}:
+            verdict = _type_says(value, schema["type"])
+            if verdict is not None:  # the usual enum + type: no validator needed
+                return verdict
         try:
             validator = self._validator()
             check = validator.evolve(schema=schema)
