@@ -71,7 +71,8 @@ from constrain.grammars.lark_adapter import (
 )
 from constrain.grammars.lark_adapter import load as lark_load
 from constrain.grammars.regex import regex_to_ir
-from constrain.grammars.unicode import char_class
+from constrain.grammars.regex_classes import fold_python
+from constrain.grammars.unicode import char_class, normalize
 
 __all__ = ["lark_to_grammar", "BUILTIN_DIR"]
 
@@ -219,6 +220,10 @@ class _Converter:
         self.instances: dict[tuple[str, tuple[Node, ...]], str] = {}
         self.notes: list[str] = []
         self.quantifiers: set[str] = set()  # quantifier kinds seen while converting a terminal
+        # Literals already converted (by lark token type and text): a grammar spells the same
+        # keywords again and again, and "..."i goes through the regex front end.
+        self._literals: dict[tuple[str, str], tuple[Node, frozenset[str]]] = {}
+        self._classes: dict[tuple[tuple[int, int], ...], Node] = {}
         self.nesting = 0  # alternatives open in the tree being converted
 
     @property
@@ -388,22 +393,42 @@ class _Converter:
         raise LarkGrammarError(f"unknown operator {op!r} in {owner}", line=self._line(owner))
 
     def _literal(self, tok: Token, owner: str) -> Node:
+        key = (tok.type, tok.value)
+        got = self._literals.get(key)
+        if got is None:
+            got = self._literals[key] = self._convert_literal(tok, owner)
+        self.quantifiers |= got[1]
+        return got[0]
+
+    def _convert_literal(self, tok: Token, owner: str) -> tuple[Node, frozenset[str]]:
+        """A literal's IR and the kinds of the quantifiers in it (``_quantifier_kinds``)."""
         try:
             value, flags, is_regex = literal_pattern(tok)
         except _LarkError as e:
             raise LarkGrammarError(f"{e} (in {owner})", line=self._line(owner, tok)) from None
         if not is_regex:
             if not flags:
-                return ir.literal(value)
-            source = f"(?{flags}:{re.escape(value)})"
+                return ir.literal(value), frozenset()
+            if flags == "i":  # what regex_to_ir makes of (?i:<value>): each character's case folds
+                return seq(*(self._char_class(list(normalize(fold_python([(ord(c), ord(c))])))) for c in value)), \
+                    frozenset()
+            source = f"(?{flags}:{re.escape(value)})"  # escaped text: no quantifier in it
         else:
             source = f"(?{flags}){value}" if flags else value
         try:
-            node = regex_to_ir(source, dialect="python")
+            node = regex_to_ir(source, dialect="python", encode_class=self._char_class)
         except RegexError as e:
             raise LarkGrammarError(f"{owner}: {tok.value}: {e}", line=self._line(owner, tok)) from None
-        self.quantifiers |= _quantifier_kinds(source)
-        return node
+        return node, frozenset(_quantifier_kinds(source)) if is_regex else frozenset()
+
+    def _char_class(self, ranges: list[tuple[int, int]]) -> Node:
+        """``char_class``, once per set of ranges in this grammar (``"SELECT"i``, ``"SET"i``... share
+        their letters' classes)."""
+        key = tuple(ranges)
+        got = self._classes.get(key)
+        if got is None:
+            got = self._classes[key] = char_class(ranges)
+        return got
 
     def _lazy(self, node: Node, kinds: set[str], owner: str, tok: object) -> Node:
         """Lark's token for a regex with lazy quantifiers is Python's (shortest) match."""
