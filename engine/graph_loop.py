@@ -213,6 +213,8 @@ class GraphStep:
                 scheduler.fill_mask(s, self._host, i)
                 hosted.append(i)
                 continue
+            if not s.request.budget_close:
+                continue  # its state's own row (``table_row``), where the GPU left it
             row = scheduler.table_row(s, self.cache, self._gid[i])
             if row is not None and row != self._gid[i]:
                 rows.append(i)
@@ -242,8 +244,9 @@ class GraphStep:
             grammar = s.request.grammar
             if grammar is None or s.finish_reason is not None or self._hosted[i]:
                 continue
-            if s.forced_now:
-                gids[i] = self.cache.enter(grammar, s.matcher.state)
+            if s.forced_now:  # where the forced text led: known to the cache, or from the matcher
+                after = self.cache.walk(states[i], s.pending[1:]) if states[i] >= 0 else None
+                gids[i] = after if after is not None else self.cache.enter(grammar, s.matcher.state)
                 jumped.append(i)
                 if miss[i]:  # the table learns the pair all the same (no row to patch): a row
                     self._pending.append((-1, s, gid, tokens[i]))  # taking it next knows where it leads

@@ -295,6 +295,7 @@ class Scheduler:
         self._forcing: dict[int, bool] = {}  # backend cache state -> whether forced text follows it
         self._plain_from: dict[int, float] = {}  # backend cache state -> bytes left from which its close is its plain mask
         self._codes: list[int] | None = None  # this step's ``outcomes``, where the backend asked
+        self._nexts: list[int] = []  # ... and the states its tokens led to
         self.speculative = SpeculativeConfig.parse(speculative)
         self._drafters = self.speculative.build() if self.speculative is not None else []
         self._hosted = np.zeros((0, (vocab.vocab_size + 31) // 32), dtype=np.int32)  # ready matchers' masks
@@ -476,21 +477,24 @@ class Scheduler:
     def _take_step(self, batch: list[Row], tokens: list[int]) -> None:
         """A plain step's sampled tokens into the rows. A row ``outcomes`` found routine (the
         backend calls it when it knows where the tokens lead) only records its token: its matcher
-        takes it when next used (``_Lagging``). The others go through ``_advance``."""
-        codes = self._codes
+        takes it when next used (``_Lagging``); so does one whose token leads to forced text, and
+        the text (``_force``). The others go through ``_advance``."""
+        codes, nexts = self._codes, self._nexts
         if codes is None or len(codes) != len(batch):
-            codes = [GOES_ON] * len(batch)
-        for s, t, code in zip(batch, tokens, codes):
+            codes, nexts = [GOES_ON] * len(batch), [-1] * len(batch)
+        for s, t, code, gid in zip(batch, tokens, codes, nexts):
             if s.finish_reason is not None:  # failed while its mask was prepared
                 continue
             s.length += len(s.pending)
-            if code == ROUTINE:
+            if code == ROUTINE or code == FORCES and gid >= 0 and type(s.matcher) is _Lagging:
                 s.pending = [t]
                 s.generated.append(t)
                 s.draws += 1
                 s.forced_now = 0
                 if s.matcher is not None:
                     s.matcher.lag.append(t)
+                if code == FORCES:
+                    self._force(s, gid)
             else:
                 s.pending = []
                 self._advance(s, [t])
@@ -751,18 +755,30 @@ class Scheduler:
         """``s`` ends with what its matcher raised ``where`` (a lagging one's refusal says it all)."""
         self._fail(s, str(exc) if isinstance(exc, _Refused) else f"the constraint raised {type(exc).__name__}: {exc} {where}")
 
-    def _force(self, s: Row) -> None:
+    def _force(self, s: Row, gid: int = -1) -> None:
         """Append the forced continuation's canonical tokens (all but the last), accepted into
-        the matcher, within the budget."""
+        the matcher, within the budget. ``gid``: the state of the backend's cache the row stands
+        in while its matcher lags (``_take_step``): the tokens are recorded for the matcher to take
+        later, the cache learning where they lead (``StateCache.walk``, by the grammar)."""
         grammar = s.request.grammar
         if grammar is None or not self._may_force(s):
             return
+        room = s.budget - len(s.generated) - 1
         n = 0
         ids: list[int] = []
         try:
-            m = _caught_up(s.matcher)
-            ids = self._forced_at(grammar, m.state)[:-1]  # (``forced_ids``, not drafting)
-            n = _accept_run(m, ids[: s.budget - len(s.generated) - 1])
+            if gid >= 0:
+                cache = self.backend.cache
+                ids = self._forced_at(grammar, cache.local(gid))[:-1][:room]
+                if cache.walk(gid, ids) is None:  # the grammar refuses one: the matcher says what
+                    gid = -1
+                else:
+                    s.matcher.lag.extend(ids)
+                    n = len(ids)
+            if gid < 0:
+                m = _caught_up(s.matcher)
+                ids = self._forced_at(grammar, m.state)[:-1][:room]  # (``forced_ids``, not drafting)
+                n = _accept_run(m, ids)
         except Exception as exc:  # a broken matcher ends its own request, not the batch
             self._fail_raised(s, exc, "on forced text")
         s.generated.extend(ids[:n])
@@ -792,7 +808,7 @@ class Scheduler:
                 append(FORCES)  # (``_may_force(s, 1)``, spelled out: this is once per row and step)
             else:
                 append(ROUTINE if g >= 0 and type(m) is _Lagging else GOES_ON)
-        self._codes = codes
+        self._codes, self._nexts = codes, nexts
         return codes
 
     @staticmethod
@@ -883,7 +899,10 @@ class Scheduler:
 
     def _result(self, s: Row) -> GenerationResult:
         tb = self.vocab.token_bytes
-        raw = b"".join(tb[t] or b"" if t < len(tb) else b"" for t in s.generated)
+        try:  # every token has bytes (a constrained output always): one C-level join
+            raw = b"".join(map(tb.__getitem__, s.generated))
+        except (TypeError, IndexError):  # specials or padding ids (unconstrained rows) add nothing
+            raw = b"".join(tb[t] or b"" if t < len(tb) else b"" for t in s.generated)
         return GenerationResult(
             text=raw.decode("utf-8", "replace"),
             token_ids=list(s.generated),

@@ -107,6 +107,7 @@ class StateCache:
         self._min: dict[int, float] = {}  # global id -> its min_completion_bytes()
         self._levels: dict[int, list[float]] = {}  # global id -> its next_completions()
         self._close: dict[tuple[int, int], int] = {}  # (global id, budget level) -> close row id
+        self._close_at: dict[tuple[int, int], int] = {}  # (global id, tokens left) -> close row id
         self._tokens: dict[int, int] = {}  # token -> the row allowing only it
         self.misses = 0
         self.expansions = 0
@@ -133,6 +134,23 @@ class StateCache:
         it); returns that state's global id."""
         nxt = self._succ[(gid, token)] = self._global(self._state(gid)[0], local)
         return nxt
+
+    def walk(self, gid: int, tokens: Sequence[int]) -> int | None:
+        """The state after ``tokens`` from ``gid`` (forced text), its mask row stored; None where
+        the grammar refuses one. Each pair is resolved by the grammar once and then remembered
+        (``successor``): forced text met again costs dictionary lookups."""
+        for t in tokens:
+            nxt = self._succ.get((gid, t))
+            if nxt is None:
+                cg, local = self._state(gid)
+                local = cg.next_state(local, t)
+                if local < 0:
+                    return None
+                nxt = self.learn_successor(gid, t, local)
+            gid = nxt
+        if gid not in self._host:
+            self._store([gid])
+        return gid
 
     def row(self, gid: int, at: At) -> np.ndarray:
         """State ``gid``'s mask words (its row stored first if it is not): the state after a stop
@@ -177,6 +195,9 @@ class StateCache:
         """Id of the row holding state ``gid``'s budget-aware close mask at ``tokens_left`` (the
         close binds there). ``fill()`` computes the mask (the host rule, fallback included) the
         first time the state meets the budget's level; if it raises, nothing is stored."""
+        cid = self._close_at.get((gid, tokens_left))
+        if cid is not None:
+            return cid
         key = (gid, budget_level(self._next_completions(gid, at), tokens_left))
         cid = self._close.get(key)
         if cid is None:
@@ -185,6 +206,7 @@ class StateCache:
             self._add_rows([cid], words)
             self.table.set_alias(cid, gid)
             self.close_rows += 1
+        self._close_at[(gid, tokens_left)] = cid
         return cid
 
     def token_row(self, token: int) -> int:
