@@ -50,6 +50,7 @@ from constrain.grammars.json_schema.numbers import (
     INTEGRAL_FRACTION,
     MINUS,
     NATURAL,
+    Bound,
     multiple_of_rules,
     number_ir,
 )
@@ -84,6 +85,11 @@ _ANNOTATIONS = frozenset({
 _EXPONENT_FREE = seq(optional(MINUS), NATURAL, optional(FRACTION))
 # With indent, how deep values may nest (rules are made per depth).
 MAX_INDENT_DEPTH = 48
+
+
+def _exact(bound: Bound | None) -> tuple[str, bool] | None:
+    """A numeric bound as a key that tells apart every spelling (0, 0.0, -0)."""
+    return None if bound is None else (str(bound.value), bound.inclusive)
 
 
 _TYPE_NAMES = frozenset({"null", "boolean", "object", "array", "string", "number", "integer"})
@@ -151,6 +157,8 @@ class Translator:
             raise SchemaError(f"indent must be a non-negative integer, not {indent!r}", "")
         self._ws, self._indent = ws, indent
         self._layouts: dict[int, Layout] = {}  # per depth: the same separators for every rule there
+        self._numbers: dict[tuple[Any, ...], Node] = {}
+        self._string_bodies: dict[tuple[Any, ...], Node] = {}
         self.layout = self.layout_at(0)
 
     # ------------------------------------------------------------------ bookkeeping
@@ -348,7 +356,10 @@ class Translator:
 
     def number_part(self, sh: Shape, integer: bool) -> Node:
         exponent_free = bool(sh.multiples or sh.excluded or sh.non_integer)
-        node = number_ir(sh.lo, sh.hi, integer=integer)
+        key = (_exact(sh.lo), _exact(sh.hi), integer)
+        node = self._numbers.get(key)  # made once per range: most number properties share theirs
+        if node is None:
+            node = self._numbers[key] = number_ir(sh.lo, sh.hi, integer=integer)
         if exponent_free and node == ANY_NUMBER:
             node = _EXPONENT_FREE
         if sh.non_integer:
@@ -367,7 +378,15 @@ class Translator:
         return node
 
     def string_body(self, sh: Shape, canonical: bool = False) -> Node:
-        """The inside of a JSON string satisfying the string keywords of ``sh``."""
+        """The inside of a JSON string satisfying the string keywords of ``sh`` (made once per
+        set of them: most string properties share theirs)."""
+        key = (sh.min_length, sh.max_length, sh.patterns, sh.anti_patterns, sh.formats, canonical)
+        got = self._string_bodies.get(key)
+        if got is None:
+            got = self._string_bodies[key] = self._string_body(sh, canonical)
+        return got
+
+    def _string_body(self, sh: Shape, canonical: bool) -> Node:
         char = (self.sink.shared("json-key-char", ANY_CANONICAL_CHAR) if canonical
                 else self.sink.shared("json-char", ANY_JSON_CHAR))
         parts = [repeat(char, sh.min_length, sh.max_length)]
