@@ -41,7 +41,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -900,7 +900,7 @@ class Scheduler:
     def _result(self, s: Row) -> GenerationResult:
         tb = self.vocab.token_bytes
         try:  # every token has bytes (a constrained output always): one C-level join
-            raw = b"".join(map(tb.__getitem__, s.generated))
+            raw = b"".join(map(cast("list[bytes]", tb).__getitem__, s.generated))
         except (TypeError, IndexError):  # specials or padding ids (unconstrained rows) add nothing
             raw = b"".join(tb[t] or b"" if t < len(tb) else b"" for t in s.generated)
         return GenerationResult(
