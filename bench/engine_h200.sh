@@ -4,13 +4,15 @@
 # travels in two halves (git-ignored .gguf/part1, .gguf/part2, split here with head -c / tail -c)
 # in two calls made back to back on the same warm machine; the first half waits in /tmp.
 #   here, once:  python3 bench/engine_gpu.py --prepare ../shared/data --data .bench_data
-#   call 1 (carry .whl .bench_data .gguf/part1):              bash bench/engine_h200.sh llama8b
-#   call 2 (carry .whl .bench_data .gguf/part2 .gguf/SHA256): bash bench/engine_h200.sh smollm2
-#   call 3 (carry .whl .bench_data/shared_data .gguf/part2 .gguf/SHA256): bash bench/engine_h200.sh extraction
-#   call 4 (carry .whl .bench_data/shared_data .gguf/part2 .gguf/SHA256): bash bench/engine_h200.sh draft_head
-#     or bash bench/engine_h200.sh speculative [bench.speculative's flags]
+#   call 1 (carry .whl .whl_anchors .bench_data .gguf/part1):  bash bench/engine_h200.sh llama8b
+#   call 2 (carry .whl .whl_anchors .bench_data .gguf/part2 .gguf/SHA256): bash bench/engine_h200.sh smollm2
+#     then, with the model joined in /tmp (carry .whl .whl_anchors .bench_data): ... extraction,
+#     ... speculative [bench.speculative's flags], ... draft_head [bench.draft_head's flags]
+#   no model (carry .whl .whl_anchors .whl_llama .bench_full: a copy of ../shared/data): ... batch_fill
 #   (on a fresh machine, stage part 1 first: carry .whl .gguf/part1, bash bench/engine_h200.sh stage)
-# .whl holds the packages the device image lacks (lark, jsonschema, gguf, xgrammar, llguidance...).
+# .whl* folders hold the packages the device image lacks: .whl (lark, jsonschema, gguf, pydantic...),
+# .whl_anchors (xgrammar, apache-tvm-ffi, llguidance's site folder), .whl_llama (llama-models'
+# Llama-3 vocabulary); each call carries the ones it needs (a call carries at most 64 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
@@ -18,10 +20,9 @@ GGUF=/tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf
 OUT=${OUT:-/tmp/out}
 
 setup() {
-    if [ ! -d /tmp/site/xgrammar ]; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-        for t in .whl/*-site.tgz; do if [ -f "$t" ]; then tar xzf "$t" -C /tmp/site; fi; done
-    fi
+    # every carried wheel folder (.whl, .whl_anchors, ...): what this call needs travels, under 64 MiB
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl*/*.whl
+    for t in .whl*/*-site.tgz; do if [ -f "$t" ]; then tar xzf "$t" -C /tmp/site; fi; done
     # The folders install as one namespace (pyproject's wheel.packages); here links make it so.
     for d in grammars engine kernels; do ln -sfn "../$d" "constrain/$d"; done
     build_core
@@ -81,10 +82,14 @@ case "${1:-}" in
         join_gguf
         mkdir -p ../shared && ln -sfn "$PWD/.bench_data/shared_data" ../shared/data
         python3 -m bench.draft_head --device cuda --model "$GGUF" --out-dir "$OUT" "${@:2}" 2>&1 | tee "$OUT/draft_head.log" ;;
+    batch_fill)  # issue 12's batch fill at the host's 16 threads (carry .whl .whl_anchors .whl_llama .bench_full)
+        mkdir -p ../shared && ln -sfn "$PWD/.bench_full/shared_data" ../shared/data
+        python3 bench/batch_fill.py --tokenizer llama3 --batches 64,256 --threads 16 --schemas 16 "${@:2}" 2>&1 \
+            | tee "$OUT/batch_fill.log" ;;
     speculative)
         join_gguf
         mkdir -p ../shared && ln -sfn "$PWD/.bench_data/shared_data" ../shared/data
         python3 -m bench.speculative --device cuda --model "$GGUF" "${@:2}" 2>&1 | tee -a "$OUT/speculative.log" ;;
     *)
-        echo "usage: $0 stage|llama8b|smollm2|extraction|draft_head|speculative"; exit 2 ;;
+        echo "usage: $0 stage|llama8b|smollm2|extraction|draft_head|speculative|batch_fill"; exit 2 ;;
 esac
