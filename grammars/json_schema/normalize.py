@@ -305,7 +305,7 @@ class Normalizer:
             kw["contains"] = (Contains(doc.child(sub, "contains"), lo_c, hi_c),)
         if s.get("uniqueItems") is True:
             kw["unique"] = (p + "/uniqueItems",)
-        return Shape(**kw).check()
+        return Shape.make(**kw).check()
 
     def _bounds(self, sub: Sub, s: dict) -> tuple[Bound | None, Bound | None]:
         """``minimum``/``maximum`` and their exclusive forms: booleans modifying them up to draft-04,

@@ -11,7 +11,7 @@ accumulate, and object/array keywords stay per conjunct (``ObjectPart``/``ArrayP
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from decimal import Decimal
 from functools import cached_property
 from typing import Any
@@ -150,10 +150,22 @@ class Shape:
     neg_raws: tuple[Sub, ...] = ()
     unsat: str | None = field(default=None, compare=False)
 
+    @staticmethod
+    def make(**values: Any) -> Shape:
+        """``Shape(**fields)`` without the frozen dataclass's ``__init__`` (a guarded
+        ``object.__setattr__`` per field: most of what a shape costs to make). A frozen
+        dataclass keeps its fields in ``__dict__``, defaults first, then the ones given."""
+        assert values.keys() <= _FIELD_DEFAULTS.keys(), values.keys() - _FIELD_DEFAULTS.keys()
+        out = object.__new__(Shape)
+        state = out.__dict__
+        state.update(_FIELD_DEFAULTS)
+        state.update(values)
+        return out
+
     def merge(self, other: Shape) -> Shape:
         """The conjunction of two shapes (``allOf``)."""
         types = meet_types(self.types, other.types)
-        out = Shape(
+        out = Shape.make(
             pointer=self.pointer,
             types=types,
             enums=self.enums + other.enums,
@@ -238,3 +250,6 @@ class Shape:
     @property
     def empty(self) -> bool:
         return not self.types
+
+
+_FIELD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Shape)}
