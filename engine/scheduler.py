@@ -292,8 +292,10 @@ class Scheduler:
         self._scratch = allocate_token_bitmask(1, vocab.vocab_size)
         self._stop_set = set(vocab.eos_token_ids)
         self._forced_cache: dict[tuple[int, int], list[int]] = {}
-        self._forcing: dict[int, bool] = {}  # backend cache state -> whether forced text follows it
-        self._plain_from: dict[int, float] = {}  # backend cache state -> bytes left from which its close is its plain mask
+        self._forcing: dict[int, list[int]] = {}  # backend cache state -> the forced tokens appended there
+        # backend cache state -> bytes left from which its close is its plain mask, and whether
+        # that is exact (else only a lower bound: the shortest completion + BUDGET_MARGIN)
+        self._plain_from: dict[int, tuple[float, bool]] = {}
         self._codes: list[int] | None = None  # this step's ``outcomes``, where the backend asked
         self._nexts: list[int] = []  # ... and the states its tokens led to
         self.speculative = SpeculativeConfig.parse(speculative)
@@ -437,18 +439,21 @@ class Scheduler:
             return gid  # the state's own row: the table holds it since the row reached the state
         # ``budget_left``'s rule per state: the plain mask while the bytes left after the next
         # token (tokens left - 2) reach the shortest completion + BUDGET_MARGIN or the longest of
-        # the next states' shortest completions, the second asked only within the margin
+        # the next states' shortest completions, the second asked only within the margin (then
+        # the threshold is exact: below it the close binds)
         after = s.budget - len(s.generated) - 2
-        plain = self._plain_from.get(gid)
-        if plain is not None and after >= plain:
+        plain, exact = self._plain_from.get(gid, (float("inf"), False))
+        if after >= plain:
             return gid
         m = s.matcher
         at = m.caught_up if type(m) is _Lagging else lambda: m  # asked only what the cache lacks
         try:
-            plain = cache.min_completion(gid, at) + BUDGET_MARGIN
-            if after < plain:
-                plain = min(plain, cache.max_next_completion(gid, at))
-            self._plain_from[gid] = plain
+            if not exact:
+                plain = cache.min_completion(gid, at) + BUDGET_MARGIN
+                exact = after < plain
+                if exact:
+                    plain = min(plain, cache.max_next_completion(gid, at))
+                self._plain_from[gid] = plain, exact
             return gid if after >= plain else self._close_row(cache, gid, after + 2, at)
         except Exception as exc:  # a broken matcher ends its own request, not the batch
             self._fail_raised(s, exc, "filling its mask")
@@ -768,9 +773,8 @@ class Scheduler:
         ids: list[int] = []
         try:
             if gid >= 0:
-                cache = self.backend.cache
-                ids = self._forced_at(grammar, cache.local(gid))[:-1][:room]
-                if cache.walk(gid, ids) is None:  # the grammar refuses one: the matcher says what
+                ids = self._forced_after(grammar, gid)[:room]
+                if self.backend.cache.walk(gid, ids) is None:  # the grammar refuses one: the matcher says
                     gid = -1
                 else:
                     s.matcher.lag.extend(ids)
@@ -793,7 +797,7 @@ class Scheduler:
         them (``nexts[i]``: the state of its ``cache`` row i's token led to, -1 where unknown):
         it queues the next forward ahead on them, and the step takes the routine rows' tokens
         without their matchers (``_take_step``)."""
-        stops = self._stop_set
+        stops, forcing = self._stop_set, self._forcing
         codes: list[int] = []
         append = codes.append
         for s, t, g in zip(batch, tokens, nexts):
@@ -802,12 +806,17 @@ class Scheduler:
             if t < 0 or left <= 1 or s.finish_reason is not None or t in (
                     stops if m is not None else s.request.stop_token_ids):
                 append(FINISHES)
-            elif m is None:
+                continue
+            if m is None:
                 append(ROUTINE)
-            elif left > 2 and s.request.force_tokens and s.request.grammar is not None and self._forces(s, t, g):
-                append(FORCES)  # (``_may_force(s, 1)``, spelled out: this is once per row and step)
-            else:
-                append(ROUTINE if g >= 0 and type(m) is _Lagging else GOES_ON)
+                continue
+            req = s.request
+            if left > 2 and req.force_tokens and req.grammar is not None:  # (``_may_force(s, 1)``)
+                run = forcing.get(g) if g >= 0 else None  # (``_forces``, inline: once per row and step)
+                if run or run is None and self._forces(s, t, g):
+                    append(FORCES)
+                    continue
+            append(ROUTINE if g >= 0 and type(m) is _Lagging else GOES_ON)
         self._codes, self._nexts = codes, nexts
         return codes
 
@@ -820,21 +829,25 @@ class Scheduler:
 
     def _forces(self, s: Row, token: int, gid: int) -> bool:
         """Whether ``_force`` appends tokens after ``s`` takes ``token``, which leads to the
-        backend cache's state ``gid`` (-1: unknown, asked of the row's matcher); per state, once."""
-        forcing = self._forcing.get(gid)
-        if forcing is not None:
-            return forcing
+        backend cache's state ``gid`` (-1: unknown, asked of the row's matcher)."""
         grammar = s.request.grammar
         assert grammar is not None
         if gid >= 0:
-            forcing = self._forcing[gid] = len(self._forced_at(grammar, self.backend.cache.local(gid))) > 1
-            return forcing
+            return bool(self._forced_after(grammar, gid))
         try:
             local = grammar.next_state(s.matcher.state, token)
         except Exception as exc:  # a broken matcher ends its own request, not the batch
             self._fail_raised(s, exc, "predicting forced text")
             return True
         return local >= 0 and len(self._forced_at(grammar, local)) > 1  # < 0: refused or a stop, the row ends
+
+    def _forced_after(self, grammar: CompiledGrammar, gid: int) -> list[int]:
+        """The forced tokens ``_force`` appends (budget permitting) at the backend cache's state
+        ``gid``, per state, once."""
+        run = self._forcing.get(gid)
+        if run is None:
+            run = self._forcing[gid] = self._forced_at(grammar, self.backend.cache.local(gid))[:-1]
+        return run
 
     def forced_ids(self, s: Row) -> list[int]:
         """The canonical tokens of the forced text at ``s``'s state (while drafting: the state the
@@ -876,7 +889,8 @@ class Scheduler:
 
     # -- results -----------------------------------------------------------------------------
     def _retire(self) -> list[tuple[int, GenerationResult]]:
-        done = [s for s in self.running if s.finish_reason is not None]
+        running = self.running  # in slot order: row i is in slot i
+        done = [s for s in running if s.finish_reason is not None]
         if not done:
             return []
         for s in done:  # every matcher ends where the row's tokens put it
@@ -885,16 +899,18 @@ class Scheduler:
             except Exception as exc:
                 if s.error is None:
                     self._fail_raised(s, exc, "catching up")
-        alive = [s for s in self.running if s.finish_reason is None]
-        n = len(alive)
-        holes = sorted(s.slot for s in done if s.slot < n)
-        movers = sorted((s for s in alive if s.slot >= n), key=lambda s: s.slot)
+        n = len(running) - len(done)
+        # swap-with-last keeps live slots in 0..n-1: the live rows past n fill the holes below it
+        holes = [s.slot for s in done if s.slot < n]
+        movers = [s for s in running[n:] if s.finish_reason is None]
+        alive = running[:n]
         moves = []
-        for s, hole in zip(movers, holes):  # swap-with-last keeps active slots in 0..n-1
+        for s, hole in zip(movers, holes):
             moves.append((s.slot, hole, s.length))
             s.slot = hole
+            alive[hole] = s
         self.backend.move_rows(moves, n)
-        self.running = sorted(alive, key=lambda s: s.slot)
+        self.running = alive
         return [(s.rid, self._result(s)) for s in done]
 
     def _result(self, s: Row) -> GenerationResult:
