@@ -8,8 +8,9 @@ GPU state table (``GraphStep`` over ``GraphRunner``).
 - Constraint: each constrained row's state lives on the GPU (``StateCache`` over a
   ``kernels.StateTable``). The captured sample gathers each row's mask by its state, samples and
   advances the state on the GPU. The host reads back (token, state, miss) once per step; the
-  scheduler's matchers accept the tokens (they stay the authority: forced text, stops, errors),
-  and the host works only on misses (a state or transition seen for the first time: computed by
+  scheduler decides what each token does from them (``Scheduler.outcomes``) and its matchers
+  take the tokens, lazily where the table knew the next state (they stay the authority: forced
+  text, stops, errors, results), and the host works only on misses (a state or transition seen for the first time: computed by
   constrain, stored, never missed again; see ``StateCache``), resolved during the *next* step's
   forward (which reads tokens, not states) and patched in before that step's sample.
 - The budget-aware close near the end of a budget: the row points at its state's close row for

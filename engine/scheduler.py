@@ -11,6 +11,16 @@ state table; the default on CUDA). One step = the backend forwards each row's pe
 masks; the scheduler then accepts each token into its row's matcher, appends forced text,
 retires finished rows and compacts the slots.
 
+Where the backend's state table already knows where a token leads (the steady state of the GPU
+path), the host does almost nothing per row: the backend asks ``outcomes`` what taking each
+row's token will do (one pass: stop, budget end, forced text predicted per table state), queues
+the next forward on that, and the step only records a routine row's token (and forced text
+after it); the row's matcher lags behind (``_Lagging``) and catches up, one ``accept_tokens``
+call for the run, before anything uses it (forced text where the table does not know the way,
+the budget-aware close's first visit of a state, drafts, errors) and when the row ends. Why: the
+per-row Python of a step (accepting each token, the stop and forced-text checks, each a few us)
+outweighed a 256-row forward on the H200 (bench/host_step.py measures it on any CPU).
+
 Forced text: when the constraint admits exactly one continuation (``find_jump_forward_bytes``),
 we tokenize it the way the tokenizer would (canonically) and append the tokens without a forward
 pass each. The last forced token is left for the model to pick under the mask, because BPE may
@@ -240,7 +250,9 @@ class StepBackend(Protocol):
     def step(self, batch: list[Row], n_old: int, scheduler: Scheduler) -> list[int]:
         """Forward each row's ``pending`` tokens (rows from ``n_old`` on are new: their prompt),
         sample one token per row under its constraint (``scheduler.fill_mask`` for host masks);
-        -1 where a mask allowed nothing."""
+        -1 where a mask allowed nothing. A backend that knows where the tokens lead in its
+        ``cache`` passes that to ``scheduler.outcomes`` before returning (routine rows are then
+        taken without their matchers)."""
         ...
 
     def verify(self, batch: list[Row], rows: torch.Tensor, scheduler: Scheduler) -> list[list[int]]:
