@@ -25,8 +25,10 @@ kernel launches, a different cost). Reported: host us per live row per step (bes
 ``--repeats`` passes; this process's CPU time, ``time.process_time``, so other work on the
 machine does not count; torch on one thread; the garbage collector off, as ``timeit`` has it:
 a full collection takes ~0.1 s with a model loaded and would land in one step), the same per
-section (``SECTIONS``: one more pass with a timer around each; nested ones overlap), and with
-``--profile`` a cProfile breakdown of one pass at the largest batch.
+section (``SECTIONS``: one more pass with a timer around each; nested ones overlap), how many
+of a pass's steps used a forward ``GraphStep`` queued ahead of the host's work (on a GPU the
+host work of the others is not overlapped), and with ``--profile`` a cProfile breakdown of one
+pass at the largest batch.
 
 Two request kinds: ``plain`` (no forced text, no budget-aware close: the engine bench's mode
 table, ``bench/engine_graph.make_requests``) and ``defaults`` (the Engine's defaults: forced
@@ -278,12 +280,16 @@ def replay(engine: Any, reqs: list[GenerationRequest], recs: list[dict], batch: 
         return 1e6 * sum(w - s - m for w, s, m, _ in sched.log) / sum(n for *_, n in sched.log)
 
     warm = one_pass()
-    times = [one_pass() for _ in range(repeats)]
+    times = [one_pass() for _ in range(repeats - 1)]
+    served, steps = backend.ahead_served, backend.steps
+    times.append(one_pass())
     row_steps = sum(n for *_, n in sched.log)
     out = {"batch": batch, "us_per_row_step": round(min(times), 2), "passes": [round(t, 2) for t in times],
            "warmup_pass": round(warm, 2), "steps": len(sched.log), "row_steps": row_steps,
            "stub_us_per_row_step": round(1e6 * sum(s for _, s, _, _ in sched.log) / row_steps, 2),
-           "compaction_us_per_row_step": round(1e6 * sum(m for _, _, m, _ in sched.log) / row_steps, 2)}
+           "compaction_us_per_row_step": round(1e6 * sum(m for _, _, m, _ in sched.log) / row_steps, 2),
+           # forwards queued ahead of the host's work and used (of the pass's steps)
+           "ahead_served_of_steps": [backend.ahead_served - served, backend.steps - steps]}
     if profile:
         prof = cProfile.Profile()
         one_pass(prof)
