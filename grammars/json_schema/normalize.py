@@ -629,15 +629,17 @@ class Normalizer:
         """Schemas a property ``name`` must satisfy in ``s`` (None: the property is forbidden)."""
         out: list[Sub] = []
         for part in s.objects:
-            declared = part.declared
-            matched = [sub for pat, sub in part.patterns if _pattern_search(pat, name)]
-            out += matched
-            if name in declared:
-                out.append(declared[name])
+            matched = [sub for pat, sub in part.patterns if _pattern_search(pat, name)] if part.patterns else None
+            if matched:
+                out += matched
+            declared = part.declared.get(name)
+            if declared is not None:
+                out.append(declared)
             elif not matched and part.additional is not None:
                 out.append(part.additional)
-        if any(x.schema is False for x in out):
-            return None
+        for x in out:
+            if x.schema is False:
+                return None
         return out
 
     # ------------------------------------------------------------------ values

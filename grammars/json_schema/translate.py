@@ -180,18 +180,23 @@ class Translator:
     def value_rule(self, subs: list[Sub], pointer: str, depth: int | None = None) -> Node:
         """A reference to the rule for values satisfying every schema in ``subs``, nested ``depth``
         containers deep (default: a member of the container being built)."""
-        if any(s.schema is False for s in subs):
-            return NOTHING
+        kept: list[Sub] = []  # the schemas that assert something
+        for s in subs:
+            schema = s.schema
+            if schema is False:
+                return NOTHING
+            if schema is not True and schema != {}:
+                kept.append(s)
         indent = self.layout.indent
         if depth is None:
             depth = self.layout.depth + 1
         if indent is not None and depth > MAX_INDENT_DEPTH:
             self.note(f"indent: values nested deeper than {MAX_INDENT_DEPTH} levels are not generated")
             return NOTHING
-        subs = [s for s in subs if s.schema is not True and s.schema != {}]
+        subs = kept
         if not subs:
             return self.any_value(depth)
-        key = tuple(s.key() for s in subs) + ((depth,) if indent is not None else ())
+        key = tuple([(id(s.schema), s.base) for s in subs]) + ((depth,) if indent is not None else ())  # Sub.key()
         name = self._names.get(key)
         if name is None:
             label = "&".join(s.pointer for s in subs) + (f"@{depth}" if indent is not None else "")
