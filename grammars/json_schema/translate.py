@@ -159,6 +159,7 @@ class Translator:
         self._layouts: dict[int, Layout] = {}  # per depth: the same separators for every rule there
         self._numbers: dict[tuple[Any, ...], Node] = {}
         self._string_bodies: dict[tuple[Any, ...], Node] = {}
+        self._patterns: dict[tuple[str, bool], Node] = {}
         self.layout = self.layout_at(0)
 
     # ------------------------------------------------------------------ bookkeeping
@@ -412,13 +413,17 @@ class Translator:
         return intersect(*parts) if len(parts) > 1 else parts[0]
 
     def pattern_ir(self, pattern: str, where: str, canonical: bool = False) -> Node:
+        """The IR of key or string bodies ``pattern`` matches (made once per pattern)."""
         from constrain.grammars.regex import regex_to_ir
 
-        try:
-            return regex_to_ir(pattern, dialect="ecma", search=True,
-                               encode_class=canonical_char if canonical else json_char)
-        except RegexError as exc:
-            raise SchemaError(f"cannot enforce pattern: {exc}", where, "pattern") from None
+        got = self._patterns.get((pattern, canonical))
+        if got is None:
+            try:
+                got = self._patterns[pattern, canonical] = regex_to_ir(
+                    pattern, dialect="ecma", search=True, encode_class=canonical_char if canonical else json_char)
+            except RegexError as exc:
+                raise SchemaError(f"cannot enforce pattern: {exc}", where, "pattern") from None
+        return got
 
     def key_body_literal(self, key: str) -> Node:
         """The canonical spelling of ``key`` without its quotes."""
