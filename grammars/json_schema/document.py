@@ -143,6 +143,18 @@ def _refuse_deep(schema: Any) -> None:
         stack.extend((child, depth + 1, entry, str(key)) for key, child in children)
 
 
+def _sub_at(top: Sub, entry: tuple[Any, str, Any, tuple[str | int, ...]]) -> Sub:
+    """The ``Sub`` of a ``Document._index`` walk entry: ``Document.child`` along its tokens."""
+    if entry[2] is None:
+        return top
+    node, base = entry[0], entry[1]
+    tokens: list[str | int] = []
+    while entry[2] is not None:
+        tokens.extend(reversed(entry[3]))
+        entry = entry[2]
+    return Sub(node, base, top.pointer + "".join("/" + escape_pointer(str(t)) for t in reversed(tokens)))
+
+
 def load_schema(schema: Any) -> Any:
     """Accept a dict, a bool or JSON text; anything else is a ``SchemaError``."""
     if isinstance(schema, (bytes, bytearray)):
@@ -188,33 +200,39 @@ class Document:
         self._index(self.root_sub)
 
     def _index(self, top: Sub) -> None:
-        stack = [top]
+        """Record the resources and anchors below ``top``. The walk keeps each subschema as (schema,
+        base, parent, tokens): its ``Sub`` (and pointer) is spelt only for what is recorded."""
+        draft4 = self.draft4
+        stack: list[tuple[Any, str, Any, tuple[str | int, ...]]] = [(top.schema, top.base, None, ())]
         while stack:
-            sub = stack.pop()
-            node = sub.schema
+            entry = stack.pop()
+            node, base = entry[0], entry[1]
             if not isinstance(node, dict):
                 continue
-            ident = node.get("id" if self.draft4 and "$id" not in node else "$id")
+            ident = node.get("id" if draft4 and "$id" not in node else "$id")
             if isinstance(ident, str):
                 if ident.startswith("#") and len(ident) > 1:  # draft-04..07 plain-name fragment
-                    self.anchors.setdefault((sub.base, ident[1:]), sub)
+                    self.anchors.setdefault((base, ident[1:]), _sub_at(top, entry))
                 else:
-                    self.resources.setdefault(sub.base, sub)
-                    frag = urldefrag(urljoin(sub.base, ident))[1]
+                    self.resources.setdefault(base, _sub_at(top, entry))
+                    frag = urldefrag(urljoin(base, ident))[1]
                     if frag and not frag.startswith("/"):
-                        self.anchors.setdefault((sub.base, frag), sub)
+                        self.anchors.setdefault((base, frag), _sub_at(top, entry))
             for kw in ("$anchor", "$dynamicAnchor"):
                 if isinstance(node.get(kw), str):
-                    self.anchors.setdefault((sub.base, node[kw]), sub)
+                    self.anchors.setdefault((base, node[kw]), _sub_at(top, entry))
             for kw, value in node.items():
                 if kw in ("enum", "const", "examples", "default"):
                     continue
                 if kw in SCHEMA_KEYWORDS and isinstance(value, (dict, bool)):
-                    stack.append(self.child(sub, kw))
+                    stack.append((value, _own_base(value, base, draft4) if isinstance(value, dict) else base,
+                                  entry, (kw,)))
                 elif kw in LIST_KEYWORDS and isinstance(value, list):
-                    stack.extend(self.child(sub, kw, i) for i in range(len(value)))
+                    stack.extend((v, _own_base(v, base, draft4) if isinstance(v, dict) else base, entry, (kw, i))
+                                 for i, v in enumerate(value))
                 elif kw in MAP_KEYWORDS and isinstance(value, dict):
-                    stack.extend(self.child(sub, kw, k) for k, v in value.items() if isinstance(v, (dict, bool)))
+                    stack.extend((v, _own_base(v, base, draft4) if isinstance(v, dict) else base, entry, (kw, k))
+                                 for k, v in value.items() if isinstance(v, (dict, bool)))
 
     def child(self, sub: Sub, *tokens: str | int) -> Sub:
         """The subschema at ``tokens`` below ``sub``, with its own base URI."""
