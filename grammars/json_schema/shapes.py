@@ -71,6 +71,11 @@ class ObjectPart:
     def declared(self) -> dict[str, Sub]:
         return dict(self.properties)
 
+    @cached_property
+    def forbidden(self) -> frozenset[str]:
+        """The names declared with the schema ``false``."""
+        return frozenset(n for n, sub in self.properties if sub.schema is False)
+
     def trivial(self) -> bool:
         return not (self.properties or self.required or self.patterns or self.names) and self.additional is None
 
@@ -233,9 +238,8 @@ class Shape:
             types.discard("array")
             reasons.append(f"minItems {self.min_items} > maxItems {self.max_items}")
         if "object" in types and self.objects:
-            required = {n for part in self.objects for n in part.required}
-            forbidden = {n for part in self.objects for n, sub in part.properties if sub.schema is False}
-            clash = required & forbidden
+            required = set().union(*[part.required for part in self.objects])
+            clash = required & set().union(*[part.forbidden for part in self.objects]) if required else required
             if clash:
                 types.discard("object")
                 reasons.append(f"property {sorted(clash)[0]!r} is both required and forbidden")
