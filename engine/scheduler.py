@@ -123,13 +123,6 @@ class _Walk:
         if self.synced:
             self.matcher.rollback(self.synced)
 
-    # the two verbs of the budget rule (``Scheduler.budget_left``), from the cache
-    def min_completion_bytes(self) -> float:
-        return self.cache.min_completion(self.gid, self.at)
-
-    def budget_binds(self, tokens_left: int) -> bool:
-        return self.cache.binds(self.gid, self.at, tokens_left)
-
 
 class _Refused(Exception):
     """A lagging matcher refused a token while catching up (``_Lagging.caught_up``)."""
@@ -303,11 +296,6 @@ class Scheduler:
         self._next_id = 0
         self._scratch = allocate_token_bitmask(1, vocab.vocab_size)
         self._stop_set = set(vocab.eos_token_ids)
-        self._forced_cache: dict[tuple[int, int], list[int]] = {}
-        self._forcing: dict[int, list[int]] = {}  # backend cache state -> the forced tokens appended there
-        # backend cache state -> bytes left from which its close is its plain mask, and whether
-        # that is exact (else only a lower bound: the shortest completion + BUDGET_MARGIN)
-        self._plain_from: dict[int, tuple[float, bool]] = {}
         self._codes: list[int] | None = None  # this step's ``outcomes``, where the backend asked
         self._nexts: list[int] = []  # ... and the states its tokens led to
         self.speculative = SpeculativeConfig.parse(speculative)
@@ -407,12 +395,13 @@ class Scheduler:
             except Exception:  # each row's own fill reports its matcher's error
                 logger.debug("preparing the batch's masks raised; the rows' own fills report it", exc_info=True)
 
-    def budget_left(self, s: Row, ahead: int = 0, at: _Walk | None = None) -> int | None:
-        """Tokens left when the budget-aware close must shape ``s``'s mask, else None
-        (``ahead``: tokens of a draft walked; ``at``: that walk, answering for the matcher)."""
+    def budget_left(self, s: Row, ahead: int = 0) -> int | None:
+        """Tokens left when the budget-aware close must shape ``s``'s mask, else None, asked of
+        its matcher (``ahead``: tokens the matcher stands past the row's own). Paths serving
+        masks from a ``StateCache`` apply the same rule per state (``_budget_row``)."""
         if not s.request.budget_close or s.request.grammar is None:
             return None
-        m = s.matcher if at is None else at
+        m = s.matcher
         left = s.budget - len(s.generated) - ahead
         # Beyond the margin the close is not consulted (a cheap test: one token would have to add
         # over BUDGET_MARGIN bytes to the shortest completion); within it the matcher answers
@@ -421,12 +410,12 @@ class Scheduler:
             return None
         return left if m.budget_binds(left) else None
 
-    def fill_mask(self, s: Row, bitmask: torch.Tensor | np.ndarray, row: int, ahead: int = 0) -> None:
+    def fill_mask(self, s: Row, bitmask: torch.Tensor | np.ndarray, row: int) -> None:
         """``s``'s matcher's mask into ``bitmask`` row ``row``, budget-aware near the end
         (``_fill_close``). A matcher that raises fails its own request (the row's mask left empty;
         the step discards the row's token), not the batch."""
         try:
-            self._fill_close(s.matcher, bitmask, row, self.budget_left(s, ahead))
+            self._fill_close(s.matcher, bitmask, row, self.budget_left(s))
         except Exception as exc:  # a broken matcher ends its own request, not the batch
             self._fail_raised(s, exc, "filling its mask")
             bitmask[row] = 0
@@ -445,42 +434,45 @@ class Scheduler:
             m.fill_next_token_bitmask(bitmask, row)
 
     def table_row(self, s: Row, cache: StateCache, gid: int) -> int | None:
-        """Table row of ``s``'s mask at its state ``gid`` (``_mask_row``), for a backend serving
+        """Table row of ``s``'s mask at its state ``gid`` (``_budget_row``), for a backend serving
         masks from ``cache``; None when the matcher raised, which fails the request alone."""
         if not s.request.budget_close:
             return gid  # the state's own row: the table holds it since the row reached the state
-        # ``budget_left``'s rule per state: the plain mask while the bytes left after the next
-        # token (tokens left - 2) reach the shortest completion + BUDGET_MARGIN or the longest of
-        # the next states' shortest completions, the second asked only within the margin (then
-        # the threshold is exact: below it the close binds)
-        after = s.budget - len(s.generated) - 2
-        plain, exact = self._plain_from.get(gid, (float("inf"), False))
-        if after >= plain:
-            return gid
         m = s.matcher
         at = m.caught_up if type(m) is _Lagging else lambda: m  # asked only what the cache lacks
         try:
-            if not exact:
-                plain = cache.min_completion(gid, at) + BUDGET_MARGIN
-                exact = after < plain
-                if exact:
-                    plain = min(plain, cache.max_next_completion(gid, at))
-                self._plain_from[gid] = plain, exact
-            return gid if after >= plain else self._close_row(cache, gid, after + 2, at)
+            return self._budget_row(cache, gid, s.budget - len(s.generated) - 2, at)
         except Exception as exc:  # a broken matcher ends its own request, not the batch
             self._fail_raised(s, exc, "filling its mask")
             return None
 
     def _mask_row(self, s: Row, walk: _Walk) -> int:
-        """Table row of the mask a plain step fills at ``walk``'s end: the state's own row, or
-        its close row where the budget-aware close binds (computed the first time, by the
-        matcher walked there)."""
+        """Table row of the mask a plain step fills at ``walk``'s end (``_budget_row``), its
+        host copy stored (the draft's next token is tested against it)."""
         cache, gid = walk.cache, walk.gid
-        left = self.budget_left(s, len(walk.tokens), walk)
-        if left is None:
-            cache.row(gid, walk.at)
+        if s.request.budget_close:
+            row = self._budget_row(cache, gid, s.budget - len(s.generated) - len(walk.tokens) - 2, walk.at)
+            if row != gid:
+                return row
+        cache.row(gid, walk.at)
+        return gid
+
+    def _budget_row(self, cache: StateCache, gid: int, after: int, at: Callable[[], Any]) -> int:
+        """``budget_left``'s rule per state, with ``after`` bytes left after the next token (tokens
+        left - 2): the state's own row while ``after`` reaches its shortest completion +
+        BUDGET_MARGIN or the longest of its next states' shortest completions (the second asked
+        only within the margin; then the threshold is exact: below it the close binds), else its
+        close row. The threshold is kept per state in the cache (``StateCache.plain_from``)."""
+        plain, exact = cache.plain_from.get(gid, (float("inf"), False))
+        if after >= plain:
             return gid
-        return self._close_row(cache, gid, left, walk.at)
+        if not exact:
+            plain = cache.min_completion(gid, at) + BUDGET_MARGIN
+            exact = after < plain
+            if exact:
+                plain = min(plain, cache.max_next_completion(gid, at))
+            cache.plain_from[gid] = plain, exact
+        return gid if after >= plain else self._close_row(cache, gid, after + 2, at)
 
     def _close_row(self, cache: StateCache, gid: int, left: int, at: Callable[[], Any]) -> int:
         """Table row of state ``gid``'s close mask with ``left`` tokens left (the close binds):
@@ -785,7 +777,7 @@ class Scheduler:
         ids: list[int] = []
         try:
             if gid >= 0:
-                ids = self._forced_after(grammar, gid)[:room]
+                ids = self._forced_of(grammar, gid)[:-1][:room]
                 if self.backend.cache.walk(gid, ids) is None:  # the grammar refuses one: the matcher says
                     gid = -1
                 else:
@@ -793,7 +785,7 @@ class Scheduler:
                     n = len(ids)
             if gid < 0:
                 m = _caught_up(s.matcher)
-                ids = self._forced_at(grammar, m.state)[:-1][:room]  # (``forced_ids``, not drafting)
+                ids = self._forced_of(grammar, self.backend.cache.state_id(grammar, m.state))[:-1][:room]
                 n = _accept_run(m, ids)
         except Exception as exc:  # a broken matcher ends its own request, not the batch
             self._fail_raised(s, exc, "on forced text")
@@ -809,7 +801,7 @@ class Scheduler:
         them (``nexts[i]``: the state of its ``cache`` row i's token led to, -1 where unknown):
         it queues the next forward ahead on them, and the step takes the routine rows' tokens
         without their matchers (``_take_step``)."""
-        stops, forcing = self._stop_set, self._forcing
+        stops, forced = self._stop_set, self.backend.cache.forced
         codes: list[int] = []
         append = codes.append
         for s, t, g in zip(batch, tokens, nexts):
@@ -824,8 +816,8 @@ class Scheduler:
                 continue
             req = s.request
             if left > 2 and req.force_tokens and req.grammar is not None:  # (``_may_force(s, 1)``)
-                run = forcing.get(g) if g >= 0 else None  # (``_forces``, inline: once per row and step)
-                if run or run is None and self._forces(s, t, g):
+                run = forced.get(g) if g >= 0 else None  # (``_forces``, inline: once per row and step)
+                if len(run) > 1 if run is not None else self._forces(s, t, g):
                     append(FORCES)
                     continue
             append(ROUTINE if g >= 0 and type(m) is _Lagging else GOES_ON)
@@ -845,36 +837,31 @@ class Scheduler:
         grammar = s.request.grammar
         assert grammar is not None
         if gid >= 0:
-            return bool(self._forced_after(grammar, gid))
+            return len(self._forced_of(grammar, gid)) > 1
         try:
             local = grammar.next_state(s.matcher.state, token)
         except Exception as exc:  # a broken matcher ends its own request, not the batch
             self._fail_raised(s, exc, "predicting forced text")
             return True
-        return local >= 0 and len(self._forced_at(grammar, local)) > 1  # < 0: refused or a stop, the row ends
-
-    def _forced_after(self, grammar: CompiledGrammar, gid: int) -> list[int]:
-        """The forced tokens ``_force`` appends (budget permitting) at the backend cache's state
-        ``gid``, per state, once."""
-        run = self._forcing.get(gid)
-        if run is None:
-            run = self._forcing[gid] = self._forced_at(grammar, self.backend.cache.local(gid))[:-1]
-        return run
+        # < 0: refused or a stop, the row ends
+        return local >= 0 and len(self._forced_of(grammar, self.backend.cache.state_id(grammar, local))) > 1
 
     def forced_ids(self, s: Row) -> list[int]:
         """The canonical tokens of the forced text at ``s``'s state (while drafting: the state the
         draft is walked to), all of them (plain steps append all but the last); none if they do
         not spell it, or after a stop token."""
-        assert s.request.grammar is not None
+        grammar = s.request.grammar
+        assert grammar is not None
         w = s.walk
-        return self._forced_at(s.request.grammar, s.matcher.state if w is None else w.cache.local(w.gid))
+        return self._forced_of(grammar, self.backend.cache.state_id(grammar, s.matcher.state) if w is None else w.gid)
 
-    def _forced_at(self, grammar: CompiledGrammar, state: int) -> list[int]:
-        """``forced_ids`` at ``grammar``'s ``state``, computed once per state."""
-        key = (id(grammar), state)
-        ids = self._forced_cache.get(key)
+    def _forced_of(self, grammar: CompiledGrammar, gid: int) -> list[int]:
+        """``forced_ids`` at the backend cache's state ``gid`` (of ``grammar``), tokenized once per
+        state for every run over the backend (``StateCache.forced``)."""
+        cache = self.backend.cache
+        ids = cache.forced.get(gid)
         if ids is None:
-            ids = self._forced_cache[key] = self._canonical(grammar.forced_bytes(state))
+            ids = cache.forced[gid] = self._canonical(grammar.forced_bytes(cache.local(gid)))
         return ids
 
     def _canonical(self, data: bytes) -> list[int]:

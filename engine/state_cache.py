@@ -109,6 +109,12 @@ class StateCache:
         self._close: dict[tuple[int, int], int] = {}  # (global id, budget level) -> close row id
         self._close_at: dict[tuple[int, int], int] = {}  # (global id, tokens left) -> close row id
         self._tokens: dict[int, int] = {}  # token -> the row allowing only it
+        # Per state, what the scheduler derives once and every later run over this backend reuses
+        # (the cache knows no tokenizer and no budget margin): the canonical tokens of the state's
+        # forced text, and the bytes left from which its budget-aware close is its plain mask
+        # with whether that bound is exact (``Scheduler._budget_row``).
+        self.forced: dict[int, list[int]] = {}
+        self.plain_from: dict[int, tuple[float, bool]] = {}
         self.misses = 0
         self.expansions = 0
         self.defaults = 0  # wide states given a default next state
@@ -116,7 +122,7 @@ class StateCache:
 
     def enter(self, cg: CompiledGrammar, local: int) -> int:
         """Global id of ``cg``'s state ``local``, its mask row stored (a row starts or jumps there)."""
-        gid = self._global(cg, local)
+        gid = self.state_id(cg, local)
         if gid not in self._host:
             self._store([gid])
         return gid
@@ -132,7 +138,7 @@ class StateCache:
     def learn_successor(self, gid: int, token: int, local: int) -> int:
         """Record that ``token`` leads ``gid`` to its grammar's state ``local`` (a matcher took
         it); returns that state's global id."""
-        nxt = self._succ[(gid, token)] = self._global(self._state(gid)[0], local)
+        nxt = self._succ[(gid, token)] = self.state_id(self._state(gid)[0], local)
         return nxt
 
     def walk(self, gid: int, tokens: Sequence[int]) -> int | None:
@@ -176,14 +182,6 @@ class StateCache:
         if got is None:
             got = self._min[gid] = at().min_completion_bytes()
         return got
-
-    def binds(self, gid: int, at: At, tokens_left: int) -> bool:
-        """``Matcher.budget_binds`` at ``gid``: the close mask differs from the plain one iff some
-        next state's shortest completion does not fit, i.e. the level is below the top. (A state
-        with no next states: the matcher's rule binds below 2 tokens left, but the close mask
-        then equals the plain one, stop tokens only.)"""
-        levels = self._next_completions(gid, at)
-        return budget_level(levels, tokens_left) < len(levels)
 
     def max_next_completion(self, gid: int, at: At) -> float:
         """The longest of ``gid``'s next states' shortest completions (-inf with none): the close
@@ -240,7 +238,7 @@ class StateCache:
             if nxt < 0:
                 out.append(-1)
                 continue
-            ng = self._succ[(gid, int(tok))] = self._global(cg, nxt)
+            ng = self._succ[(gid, int(tok))] = self.state_id(cg, nxt)
             new.append(ng)
             if self._default.get(gid) != ng:  # the default needs no key
                 pairs.append((gid, int(tok), ng))
@@ -270,7 +268,7 @@ class StateCache:
             if int(keep.sum()) > MAX_EXCEPTIONS:
                 return []
         self.expansions += 1
-        glob = {int(n): self._global(cg, int(n)) for n in distinct}
+        glob = {int(n): self.state_id(cg, int(n)) for n in distinct}
         if keep.any():
             sub = nxts[keep]
             targets = np.fromiter((glob[int(n)] for n in sub), dtype=np.int64, count=len(sub))
@@ -285,7 +283,8 @@ class StateCache:
         self.table.set_default(gid, glob[dflt])
         return [glob[dflt]]  # other targets' rows are stored on their first (rare) visit
 
-    def _global(self, cg: CompiledGrammar, local: int) -> int:
+    def state_id(self, cg: CompiledGrammar, local: int) -> int:
+        """Global id of ``cg``'s state ``local`` (no mask row stored: ``enter`` stores one)."""
         entry = self._grammars.get(id(cg))
         if entry is None:
             entry = self._grammars[id(cg)] = (cg, len(self._grammars))
