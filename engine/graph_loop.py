@@ -75,9 +75,9 @@ class GraphStep:
     def max_len(self) -> int:
         return self.runner.max_len
 
-    def step_time(self, rows: int, width: int) -> float | None:
-        """The runner's table of captured forwards, each timed once (``GraphRunner.step_time``)."""
-        return self.runner.step_time(rows, width)
+    def step_time(self, rows: int, width: int, need: int) -> float | None:
+        """The runner's table of captured forwards, timed when captured (``GraphRunner.step_time``)."""
+        return self.runner.step_time(rows, width, need)
 
     def capture(self, states: int = 0, transitions: int = 0) -> None:
         """Capture the sample graphs of every batch bucket ahead of time, after reserving the

@@ -89,9 +89,9 @@ class GraphRunner:
         self._table_gen: tuple[int, int] | None = None
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.captures = 0  # graphs captured so far (a benchmark checks none happen while timing)
-        # (rows, tokens per row) -> ms of one replay of that forward, timed once when captured
-        # (the forward graph is width 1): the step-time table of the batch verify width
-        self.step_ms: dict[tuple[int, int], float] = {}
+        # (rows, tokens per row, attended length) -> ms of a replay of that forward, timed when
+        # captured (the forward graph is width 1): the step-time table of the batch verify width
+        self.step_ms: dict[tuple[int, int, int], float] = {}
 
     @property
     def max_len(self) -> int:
@@ -104,14 +104,21 @@ class GraphRunner:
             b *= 2
         return min(b, self.max_len)
 
-    def step_time(self, rows: int, width: int) -> float | None:
+    def step_time(self, rows: int, width: int, need: int) -> float | None:
         """Time of a verification forward of ``width`` tokens per row over ``rows`` rows against
-        a plain step's forward, both measured in their buckets; None until both were captured
-        (``Scheduler`` then uses its default model)."""
+        a plain step's forward, both measured in their buckets at the same attended length: the
+        length bucket of ``need`` (the longest row's tokens after the step), else the measured
+        one nearest to it; None until both were captured at one length (``Scheduler`` then uses
+        its default model). Why the same length: a forward's time grows with what it attends,
+        and a plain step timed at 64 columns against a verification at 2048 priced drafts out."""
         bucket = batch_bucket(rows)
         tokens = next((w for w in WIDTH_BUCKETS if w >= width), None)
-        plain, wide = self.step_ms.get((bucket, 1)), self.step_ms.get((bucket, tokens or 0))
-        return wide / plain if plain and wide is not None else None
+        target = self.length_bucket(need)
+        both = [n for (r, w, n) in self.step_ms if r == bucket and w == tokens and (bucket, 1, n) in self.step_ms]
+        if tokens is None or not both:
+            return None
+        n = min(both, key=lambda n: (abs(n.bit_length() - target.bit_length()), n))
+        return self.step_ms[(bucket, tokens, n)] / self.step_ms[(bucket, 1, n)]
 
     # -- the step bodies (eager on CPU, captured on CUDA) -------------------------------------
     def _forward(self, rows: int, length: int) -> None:
@@ -251,15 +258,20 @@ class GraphRunner:
         graph.replay()
 
     def _timed_replay(self, key: tuple) -> None:
-        """Replay a forward graph once, timed into ``step_ms`` (the first length of a (rows,
-        width) bucket stands for all: one synchronisation per bucket, at capture, never later).
-        A forward graph only reads the step inputs, so replaying it is what the step does."""
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        self._graphs[key].replay()
-        end.record()
-        end.synchronize()
-        self.step_ms.setdefault((key[1], key[2] if key[0] == "verify" else 1), start.elapsed_time(end))
+        """Replay a forward graph three times, the fastest timed into ``step_ms`` (a first replay
+        can be slow; one synchronisation per graph, at capture, never later). A forward graph
+        only reads the step inputs and writes the same KV columns and logits each time, so
+        replaying it is what the step does."""
+        best = float("inf")
+        for _ in range(3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._graphs[key].replay()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end))
+        rows, width, length = (key[1], 1, key[2]) if key[0] == "fwd" else key[1:]
+        self.step_ms[(rows, width, length)] = best
 
     def _capture(self, fn) -> torch.cuda.CUDAGraph:
         """Warm up (Triton JIT, cuBLAS plans) on a side stream, then capture. The warm-up really

@@ -153,7 +153,7 @@ class EagerStep:
                                     [len(s.draft) + 1 for s in batch])
         return verify_drafts(logits, batch, self.cache.table.masks[rows.to(self.runner.device)])
 
-    def step_time(self, rows: int, width: int) -> float | None:
+    def step_time(self, rows: int, width: int, need: int) -> float | None:
         """Not measured: the scheduler's default model prices verification."""
         return None
 

@@ -255,9 +255,10 @@ class StepBackend(Protocol):
         correction or bonus."""
         ...
 
-    def step_time(self, rows: int, width: int) -> float | None:
-        """Time of a forward of ``width`` tokens per row over ``rows`` rows, a one-token plain
-        step's being 1, where the backend measured it; None: the scheduler's default model."""
+    def step_time(self, rows: int, width: int, need: int) -> float | None:
+        """Time of a forward of ``width`` tokens per row over ``rows`` rows whose longest has
+        ``need`` tokens after it, a one-token plain step's being 1, where the backend measured
+        it; None: the scheduler's default model."""
         ...
 
     def sync(self, batch: list[Row]) -> None:
@@ -704,13 +705,13 @@ class Scheduler:
     def _step_time(self, batch: list[Row], cut: list[int]) -> float:
         """Time of a step forwarding each row's pending tokens and its draft cut to ``cut``, a
         one-token plain step's being 1: the backend's ``step_time`` where it measured this bucket
-        (``GraphRunner.step_time``: each captured forward timed once; pending forced text makes
+        (``GraphRunner.step_time``: each captured forward timed at its length; pending forced text makes
         even a plain step a several-token pass there), else the default model
         1 + cost * (longest draft)."""
         width = max(len(s.pending) + c for s, c in zip(batch, cut))
         if width == 1:
             return 1.0
-        t = self.backend.step_time(len(batch), width)
+        t = self.backend.step_time(len(batch), width, max(s.length + len(s.pending) + c for s, c in zip(batch, cut)))
         assert self.speculative is not None
         return t if t is not None else 1.0 + self.speculative.cost * max(cut)
 

@@ -15,6 +15,7 @@ import functools
 import json
 import random
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -582,10 +583,15 @@ def test_batch_width_never_cuts_inside_forced_text() -> None:
 
 
 def test_step_time_table_is_relative_to_the_plain_forward() -> None:
-    run = object.__new__(GraphRunner)  # only the table: no model needed
-    run.step_ms = {(32, 1): 2.0, (32, 8): 3.0, (4, 2): 1.0}
-    assert run.step_time(20, 5) == 1.5  # rows bucket 32, tokens bucket 8
-    assert run.step_time(20, 9) is None and run.step_time(3, 2) is None  # not measured
+    run = object.__new__(GraphRunner)  # only the table and the length buckets: no model needed
+    run.runner = SimpleNamespace(max_len=4096)
+    run.step_ms = {(32, 1, 64): 1.0, (32, 8, 2048): 6.0, (32, 1, 1024): 2.0, (32, 8, 1024): 3.0,
+                   (32, 1, 256): 1.5, (32, 8, 256): 1.5, (4, 2, 64): 1.0}
+    assert run.step_time(20, 5, 1000) == 1.5  # rows bucket 32, tokens bucket 8, length 1024
+    assert run.step_time(20, 5, 3000) == 1.5  # no plain step at 4096 or 2048: the nearest with both
+    assert run.step_time(20, 5, 200) == 1.0  # length 256
+    assert run.step_time(20, 5, 60) == 1.0  # nearest with both (256), not the plain 64 against 2048
+    assert run.step_time(20, 9, 100) is None and run.step_time(3, 2, 100) is None  # not measured
 
 
 def test_costly_verification_falls_back_to_plain_steps() -> None:
@@ -601,7 +607,7 @@ def test_costly_verification_falls_back_to_plain_steps() -> None:
 class _PricedStep(EagerStep):
     """An eager backend that measured every verification far above what its tokens bring."""
 
-    def step_time(self, rows: int, width: int) -> float | None:
+    def step_time(self, rows: int, width: int, need: int) -> float | None:
         return 1000.0 ** width
 
 
