@@ -30,7 +30,7 @@ from constrain.engine.model import LoadedModel, load_model
 from constrain.engine.runner import EagerStep, ModelRunner
 from constrain.engine.sampler import SamplingParams
 from constrain.engine.scheduler import Scheduler, StepBackend
-from constrain.engine.speculative import Pace, SpeculativeConfig
+from constrain.engine.speculative import SpeculativeConfig
 from constrain.engine.static_decoder import supports
 from constrain.engine.types import GenerationRequest, GenerationResult
 
@@ -123,7 +123,6 @@ class Engine:
         self._step: EagerStep | GraphStep | None = None
         self.speculative = SpeculativeConfig.parse(speculative)
         self._masks = BatchMatcher()  # new states of a step's grammars masked side by side (threads made lazily)
-        self._pace: tuple[SpeculativeConfig, Pace] | None = None  # which steps draft, learnt across runs
 
     @classmethod
     def from_pretrained(
@@ -185,11 +184,8 @@ class Engine:
                 step = EagerStep(ModelRunner(model, slots, length), self.vocab.vocab_size)
             self._step = step
         backend: StepBackend = step
-        spec = self.speculative
-        if spec is not None and spec.pace and (self._pace is None or self._pace[0] is not spec):
-            self._pace = (spec, Pace())  # what one configuration measured says nothing of another's
         return Scheduler(backend, self.vocab, self._encode, context_len=self.context_len,
-                         speculative=spec, masks=self._masks, pace=self._pace[1] if self._pace else None)
+                         speculative=self.speculative, masks=self._masks)
 
     def run(
         self,

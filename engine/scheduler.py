@@ -277,14 +277,13 @@ class Scheduler:
     ``add`` may be called at any time, also between ``step`` calls while others are running.
     ``context_len`` (the model's context) bounds prompt + output; ``encode`` tokenizes forced text.
     ``speculative`` turns drafting on (``SpeculativeConfig.parse``: a config, "forced",
-    "lookup", "forced+lookup", True); None: plain steps only. ``pace``: the ``Pace`` that
-    decides which steps draft, where the config lets it (None: a new one).
+    "lookup", "forced+lookup", True); None: plain steps only.
     """
 
     def __init__(self, backend: StepBackend, vocab: Vocabulary, encode: Callable[[str], list[int]],
                  max_prefill_tokens: int = 8192, context_len: int | None = None,
                  speculative: SpeculativeConfig | str | bool | None = None,
-                 masks: BatchMatcher | None = None, pace: Pace | None = None) -> None:
+                 masks: BatchMatcher | None = None) -> None:
         self.backend = backend
         # Computes a step's uncached masks over threads before the backend fills rows one by one
         # (an Engine passes its own, so the threads outlive one run).
@@ -303,9 +302,7 @@ class Scheduler:
         self._nexts: list[int] = []  # ... and the states its tokens led to
         self.speculative = SpeculativeConfig.parse(speculative)
         self._drafters = self.speculative.build() if self.speculative is not None else []
-        # which steps draft (``speculative.pace``); an Engine passes its own, so what one run
-        # measured serves the next
-        self.pace = (pace or Pace()) if self.speculative is not None and self.speculative.pace else None
+        self.pace = Pace() if self.speculative is not None and self.speculative.pace else None
         self._hosted = np.zeros((0, (vocab.vocab_size + 31) // 32), dtype=np.int32)  # ready matchers' masks
 
     # -- queue -------------------------------------------------------------------------------
