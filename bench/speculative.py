@@ -6,8 +6,7 @@ configuration: no speculation (the baseline), then each drafter (``forced``, ``l
 ``forced+lookup``) with drafts cut by the constraint's masks, and the lookup drafters with
 *unmasked* drafts (a forbidden draft token is left to verification to reject), on the same
 prompts, and ``forced+lookup fixed``: every row verifies up to ``max_draft`` lookup tokens
-whatever its acceptance rate (the default adapts it per row), and ``forced+lookup always``:
-every step drafts (the default lets measured step times choose, ``engine.speculative.Pace``). At batch b the items run in groups
+whatever its acceptance rate (the default adapts it per row). At batch b the items run in groups
 of b requests (one ``Engine.run`` each), so the batch is b at the start of each group and shrinks
 as rows finish.
 
@@ -50,8 +49,8 @@ import torch
 
 from bench.extraction import DEFAULT_SUBSETS, Item, compiles, configurations, load_items, score
 
-DRAFTERS = ("none", "forced", "lookup", "forced+lookup", "forced+lookup fixed", "forced+lookup always",
-            "lookup unmasked", "forced+lookup unmasked")
+DRAFTERS = ("none", "forced", "lookup", "forced+lookup", "forced+lookup fixed", "lookup unmasked",
+            "forced+lookup unmasked")
 HEADER = ("| drafter | batch | caches | tokens/s | speedup | accepted length | drafts/request | accepted | "
           "steps | drafting | same as baseline | schema-valid |\n|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 
@@ -64,8 +63,7 @@ def config(name: str, max_draft: int) -> Any:
         return None
     drafters, _, variant = name.partition(" ")
     return SpeculativeConfig(drafters=tuple(drafters.split("+")), max_draft=max_draft,
-                             mask_drafts=variant != "unmasked", adaptive=variant != "fixed",
-                             pace=variant != "always")
+                             mask_drafts=variant != "unmasked", adaptive=variant != "fixed")
 
 
 def sync(device: str) -> None:

@@ -121,9 +121,9 @@ class GraphStep:
         resolves misses, instead of idling through them. The forward reads only what the sample
         left on the GPU (each row's token and position), so it is the same pass the next step
         would queue; it is not queued when a row may append forced text (a wider pass), when a
-        finishing row would make the scheduler move rows, or where the next step may draft (a
-        verification pass: ``Scheduler.drafts_next``). Cheap predictions: a wrong one costs one forward, which the next step redoes."""
-        if not batch or scheduler.drafts_next(len(batch)):
+        finishing row would make the scheduler move rows, or while drafting (a verification
+        pass). Cheap predictions: a wrong one costs one forward, which the next step redoes."""
+        if scheduler.speculative is not None or not batch:
             return
         codes = self._codes
         live = len(batch)
@@ -152,7 +152,6 @@ class GraphStep:
         captured graph per bucket), masks gathered from the table by the rows the drafts' walk
         chose (``Scheduler._draft``), verified by ``kernels.verify_draft``."""
         run = self.runner
-        self._ahead = None  # a plain forward queued ahead, where the pace guessed wrong: unused
         self._resolve_pending()
         width = rows.shape[1]
         masks = self.cache.table.masks[self._upload(rows.tolist())]

@@ -48,7 +48,6 @@ request that cannot run at all (empty prompt, prompt longer than the model's con
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,7 +57,7 @@ import numpy as np
 import torch
 
 from constrain import BatchMatcher, CompiledGrammar, Matcher, Vocabulary, allocate_token_bitmask
-from constrain.engine.speculative import Pace, SpeculativeConfig, choose_draft_length, choose_width, prefix_survival
+from constrain.engine.speculative import SpeculativeConfig, choose_draft_length, choose_width, prefix_survival
 from constrain.engine.state_cache import StateCache
 from constrain.engine.types import GenerationRequest, GenerationResult
 from constrain.matcher import TERMINATED
@@ -302,7 +301,6 @@ class Scheduler:
         self._nexts: list[int] = []  # ... and the states its tokens led to
         self.speculative = SpeculativeConfig.parse(speculative)
         self._drafters = self.speculative.build() if self.speculative is not None else []
-        self.pace = Pace() if self.speculative is not None and self.speculative.pace else None
         self._hosted = np.zeros((0, (vocab.vocab_size + 31) // 32), dtype=np.int32)  # ready matchers' masks
 
     # -- queue -------------------------------------------------------------------------------
@@ -361,10 +359,8 @@ class Scheduler:
         for i, s in enumerate(new):
             s.slot = len(old) + i
         batch = old + new
-        start, emitted = time.perf_counter(), sum(len(s.generated) for s in batch)
-        drafting = self.speculative is not None and not new and (self.pace is None or self.pace.drafts(len(batch)))
         self._prepare_masks(batch)
-        rows = self._draft_all(batch) if drafting else None
+        rows = self._draft_all(batch) if self.speculative is not None and not new else None
         if rows is not None:
             for s, toks in zip(batch, self.backend.verify(batch, rows, self)):
                 if s.finish_reason is not None:  # failed while drafting
@@ -379,21 +375,7 @@ class Scheduler:
             self._take_step(batch, self.backend.step(batch, len(old), self))
         self.backend.sync(batch)
         self.running = batch
-        done += self._retire()
-        if self.pace is not None:
-            if new:
-                self.pace.skip()
-            else:
-                self.pace.record(len(batch), drafting, sum(len(s.generated) for s in batch) - emitted,
-                                 time.perf_counter() - start)
-        return done
-
-    def drafts_next(self, rows: int) -> bool:
-        """Whether the step after this one (over ``rows`` rows) may draft: a backend queues a
-        plain forward ahead only where it will not (``Pace.drafts_after``)."""
-        if self.speculative is None:
-            return False
-        return self.pace is None or self.pace.drafts_after(rows)
+        return done + self._retire()
 
     # -- constraint, shared by every backend --------------------------------------------------
     def _prepare_masks(self, batch: list[Row]) -> None:

@@ -25,7 +25,7 @@ not counted in the row's length, so the next forward overwrites their KV entries
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
@@ -120,10 +120,7 @@ class SpeculativeConfig:
     each captured bucket), else the default model ``1 + cost * W``. Exact either way: verification
     of a shorter draft emits what plain steps would. ``mask_drafts=False`` leaves drafts uncut by
     the constraint (a forbidden draft token is then rejected by verification): only for measuring
-    what masking drafts buys. ``pace`` lets measured step times decide which steps draft at all
-(``Pace``): speculation then never runs much slower than plain steps; off, every step drafts
-(what seeded sampled rows need to be reproducible run to run: which steps draft then depends on
-the clock, though every choice samples the same distribution)."""
+    what masking drafts buys."""
 
     drafters: tuple[str | Drafter, ...] = DRAFTERS
     max_draft: int = 5
@@ -132,7 +129,6 @@ the clock, though every choice samples the same distribution)."""
     cost: float = 0.1
     batch_width: bool = True
     mask_drafts: bool = True
-    pace: bool = True
 
     def __post_init__(self) -> None:
         bad = [d for d in self.drafters if not isinstance(d, Drafter) and d not in DRAFTERS]
@@ -161,92 +157,6 @@ the clock, though every choice samples the same distribution)."""
         if isinstance(spec, str):
             return cls(drafters=tuple(d.strip() for d in spec.split("+")))
         raise ValueError(f"speculative must be a bool, a drafter name or a SpeculativeConfig, got {spec!r}")
-
-
-@dataclass
-class _Stint:
-    """A run of steps of one kind at one batch size; the first is not measured (the step before
-    it was of the other kind, or another batch size: on the graph path it had no forward queued
-    ahead)."""
-
-    drafting: bool
-    left: int
-    probe: bool
-    tokens: int = 0
-    seconds: float = 0.0
-
-
-@dataclass
-class Pace:
-    """Whether a step drafts, from the tokens per second that steps of each kind reached.
-
-    Why: the verify width (``choose_width``) prices a step by its GPU forward alone, but a
-    verification step also costs the host's drafting (80-130 us a row on the H200) and cannot be
-    queued ahead of the host's bookkeeping the way a plain one-token step is; where the model is
-    fast and the constraint caches warm, plain steps emit more tokens per second (the demo model
-    on the H200, forced+lookup: 0.84-0.86x of plain steps at batch 8 and 32, BENCHMARKS.md). So
-    per batch size (to the next power of two) the scheduler runs ``probe`` measured steps of
-    each kind, then ``every`` steps of the faster, then another probe of the slower, and so on:
-    a probe of the slower kind costs a few steps in ``every``. Exact either way: a plain step is
-    what verification emulates."""
-
-    probe: int = 4
-    every: int = 64
-    _stints: dict[int, _Stint] = field(default_factory=dict)
-    _rates: dict[tuple[int, bool], float] = field(default_factory=dict)  # (size, drafting) -> tokens/s
-    _last: tuple[int, bool] | None = None  # the last recorded step's (size, drafting)
-
-    @staticmethod
-    def _size(rows: int) -> int:
-        return 1 << max(rows - 1, 0).bit_length()
-
-    def _stint(self, rows: int) -> _Stint:
-        size = self._size(rows)
-        st = self._stints.get(size)
-        if st is None:
-            st = self._stints[size] = _Stint(True, self.probe + 1, True)
-        return st
-
-    def drafts(self, rows: int) -> bool:
-        """Whether the next step of a batch of ``rows`` rows drafts."""
-        return self._stint(rows).drafting
-
-    def drafts_after(self, rows: int) -> bool:
-        """Whether the step after the current one (not yet recorded) will draft, where known
-        (True where it depends on that step's time: no forward is queued ahead for it)."""
-        st = self._stint(rows)
-        if st.left > 1:
-            return st.drafting
-        if not st.probe or (self._size(rows), not st.drafting) not in self._rates:
-            return not st.drafting  # a probe of the other kind follows
-        return True
-
-    def skip(self) -> None:
-        """A step not measured (new rows' prefill): the next is not measured either."""
-        self._last = None
-
-    def record(self, rows: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """A step of ``rows`` rows that drafted or not took ``seconds`` and emitted ``tokens``."""
-        size = self._size(rows)
-        st = self._stint(rows)
-        if drafted != st.drafting:  # not this stint's kind (the batch changed size): not counted
-            self._last = None
-            return
-        if self._last == (size, drafted):
-            st.tokens += tokens
-            st.seconds += seconds
-        self._last = (size, drafted)
-        st.left -= 1
-        if st.left > 0:
-            return
-        if st.seconds > 0:
-            self._rates[(size, drafted)] = st.tokens / st.seconds
-        other = (size, not drafted)
-        if other not in self._rates or not st.probe:  # the other kind's turn for a probe
-            self._stints[size] = _Stint(not drafted, self.probe + 1, True)
-            return
-        best = self._rates.get((size, drafted), 0.0) >= self._rates[other]
-        self._stints[size] = _Stint(drafted if best else not drafted, self.every, False)
 
 
 class NgramIndex:

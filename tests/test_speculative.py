@@ -39,7 +39,6 @@ from constrain.engine.scheduler import FORCED, Row, Scheduler
 from constrain.engine.speculative import (
     LookupDrafter,
     NgramIndex,
-    Pace,
     SpeculativeConfig,
     choose_draft_length,
     choose_width,
@@ -123,15 +122,8 @@ def _schema_requests(n: int, seed: int = 0) -> list[Request]:
     return out
 
 
-def _steady(spec: Any) -> SpeculativeConfig | None:
-    """``spec`` with every step drafting (no ``Pace``): which steps draft then does not depend
-    on the clock, so the draft counts these tests assert are deterministic."""
-    cfg = SpeculativeConfig.parse(spec)
-    return None if cfg is None else dataclasses.replace(cfg, pace=False)
-
-
 def _run(eng: Engine, reqs: list[Request], spec: Any) -> list[Any]:
-    eng.speculative = _steady(spec)
+    eng.speculative = SpeculativeConfig.parse(spec)
     try:
         return eng.run(reqs)
     finally:
@@ -179,10 +171,7 @@ def test_graph_path_speculation_equals_plain() -> None:
 
     def graph(spec: Any) -> list[Any]:
         step = GraphStep(GraphRunner(model, 4, 256), eng.vocab.vocab_size)
-        sched = Scheduler(step, eng.vocab, eng._encode, max_prefill_tokens=64, speculative=spec)
-        if sched.pace is not None:  # stints of 1-2 steps: drafting and plain steps (forwards queued ahead) alternate
-            sched.pace = Pace(probe=1, every=2)
-        return run_requests(sched, reqs)
+        return run_requests(Scheduler(step, eng.vocab, eng._encode, max_prefill_tokens=64, speculative=spec), reqs)
 
     eager = run_requests(Scheduler(EagerStep(ModelRunner(model, 4, 256), eng.vocab.vocab_size), eng.vocab,
                                    eng._encode, speculative=None), reqs)
@@ -204,7 +193,7 @@ def test_graph_path_wide_rows_fall_back_to_the_eager_pass() -> None:
     reqs = [GenerationRequest(prompt, grammar, max_tokens=60, force_tokens=f) for f in (True, False)]
     want = run_requests(_byte_scheduler(model, 2, None, 128), reqs)
     step = GraphStep(GraphRunner(model, 2, 128), BYTES.vocab_size)
-    cfg = SpeculativeConfig(max_draft=40, pace=False)
+    cfg = SpeculativeConfig(max_draft=40)
     got = run_requests(Scheduler(step, BYTES, lambda text: list(text.encode()), speculative=cfg), reqs)
     _same(want, got)
     assert got[1].draft_tokens > 32  # forced text proposed as drafts when forcing is off
@@ -232,7 +221,7 @@ EOS = 256
 
 def _byte_scheduler(model: Any, rows: int, spec: Any, max_len: int = 64) -> Scheduler:
     backend = EagerStep(ModelRunner(model, rows, max_len), BYTES.vocab_size)
-    return Scheduler(backend, BYTES, lambda text: list(text.encode()), speculative=_steady(spec))
+    return Scheduler(backend, BYTES, lambda text: list(text.encode()), speculative=spec)
 
 
 def _exact(model: Any, prompt: list[int], grammar: Any, budget: int) -> dict[tuple[Any, ...], float]:
@@ -411,7 +400,7 @@ def _anchor_run(twist: Twist, constraints: list[Any], masked: bool = True, vocab
 
     def scheduler(spec: Any) -> Scheduler:
         return Scheduler(EagerStep(ModelRunner(model, 3, 64), vocab.vocab_size), vocab,
-                         lambda text: list(text.encode()), speculative=_steady(spec))
+                         lambda text: list(text.encode()), speculative=spec)
 
     want = run_requests(scheduler(None), reqs)
     reference = {tuple(q.prompt_ids): w.token_ids for q, w in zip(reqs, want)}
@@ -630,7 +619,7 @@ def test_the_backends_step_time_prices_verification() -> None:
             for i, g in enumerate(grammars)]
     want = run_requests(_byte_scheduler(model, 4, None), reqs)
     priced = Scheduler(_PricedStep(ModelRunner(model, 4, 64), BYTES.vocab_size), BYTES,
-                       lambda text: list(text.encode()), speculative=_steady("forced"))
+                       lambda text: list(text.encode()), speculative="forced")
     got = run_requests(priced, reqs)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert sum(g.draft_tokens for g in got) == 0
@@ -643,56 +632,6 @@ def test_config_parse() -> None:
     assert SpeculativeConfig.parse("lookup").drafters == ("lookup",)  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="drafters"):
         SpeculativeConfig.parse("eagle")
-
-
-def _paced(pace: Pace, rows: int, steps: int, rate: Callable[[bool, int], float]) -> list[bool]:
-    """Which of ``steps`` steps draft, each emitting 10 tokens at ``rate(drafting, i)`` tokens/s;
-    checks every prediction of the next step's kind that a forward queued ahead would rely on."""
-    seen: list[bool] = []
-    after = None
-    for i in range(steps):
-        drafting = pace.drafts(rows)
-        assert after is not False or not drafting, i  # predicted plain: a forward was queued for it
-        after = pace.drafts_after(rows)
-        pace.record(rows, drafting, 10, 10 / rate(drafting, i))
-        seen.append(drafting)
-    return seen
-
-
-def test_pace_probes_both_kinds_then_keeps_the_faster() -> None:
-    """Probes of ``probe`` measured steps (plus the unmeasured first of each stint) of each kind,
-    then ``every`` steps of the faster, a probe of the slower, and so on; per batch size."""
-    T, F = True, False
-    slow_drafts = _paced(Pace(probe=2, every=5), 8, 19, lambda d, i: 50.0 if d else 100.0)
-    assert slow_drafts == [T, T, T, F, F, F] + [F] * 5 + [T, T, T] + [F] * 5
-    fast_drafts = _paced(Pace(probe=2, every=5), 8, 19, lambda d, i: 300.0 if d else 100.0)
-    assert fast_drafts == [T, T, T, F, F, F] + [T] * 5 + [F, F, F] + [T] * 5
-    # the first step of a stint is not measured: a slow one (no forward queued ahead) is ignored
-    first_slow = _paced(Pace(probe=2, every=5), 8, 11, lambda d, i: 1.0 if i in (0, 3) else (300.0 if d else 100.0))
-    assert first_slow[6:] == [T] * 5
-    pace = Pace(probe=2, every=5)
-    _paced(pace, 8, 6, lambda d, i: 50.0 if d else 100.0)
-    assert pace.drafts(3) and pace.drafts(4) and not pace.drafts(5)  # another batch size learns its own
-
-
-def test_paced_speculation_is_exact_when_its_steps_alternate() -> None:
-    """Stints of one and two steps: drafting and plain steps alternate within each run (their
-    times decide only the order), and the output is plain decoding's."""
-    eng = tiny_engine()
-    reqs = _schema_requests(30, seed=4)
-    want = _run(eng, reqs, None)
-    greqs = [eng._to_request(r) for r in reqs]
-    eng.speculative = SpeculativeConfig()
-    try:
-        sched = eng._scheduler(greqs)
-    finally:
-        eng.speculative = None
-    assert sched.pace is not None  # the default: paced
-    sched.pace = Pace(probe=1, every=2)
-    got = run_requests(sched, greqs)
-    _same(want, got)
-    assert 0 < sum(r.draft_tokens for r in got)
-    assert sum(r.steps for r in got) < sum(r.steps for r in want)
 
 
 def test_cli_flag_shows_its_default(capsys: pytest.CaptureFixture[str]) -> None:
