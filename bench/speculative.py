@@ -28,6 +28,8 @@ baseline at the same batch, mean accepted length (tokens emitted per decode step
 target accepted, scheduler steps, the share of the wall time spent drafting on the host
 (``step_clock``), outputs token-identical to the baseline's (greedy speculation is exact up to
 the numerics of a several-token forward against a one-token one), and schema-valid outputs.
+The log line of each run adds the steps that drafted, the mean wall time of those and of the
+others (prefills included), and the CUDA graphs captured inside the timing.
 
     python3 -m bench.speculative --smoke                                  # CPU, tiny (a check)
     python3 -m bench.speculative --device cuda --model SmolLM2-135M-Instruct.Q4_1.gguf   # H200
@@ -110,14 +112,20 @@ def step_clock() -> Iterator[dict[str, float]]:
     the host costs speculation at that batch."""
     from constrain.engine.scheduler import Scheduler
 
-    clock = {"steps": 0, "drafting_s": 0.0}
+    clock = {"steps": 0, "drafting_s": 0.0, "drafted": 0, "drafted_s": 0.0, "plain_s": 0.0}
     step, draft_all = Scheduler.step, Scheduler._draft_all
 
     def counted(self: Any) -> Any:
         clock["steps"] += 1
-        return step(self)
+        drafted, t0 = clock["drafted"], time.perf_counter()
+        try:
+            return step(self)
+        finally:
+            kind = "drafted_s" if clock["drafted"] > drafted else "plain_s"
+            clock[kind] += time.perf_counter() - t0
 
     def timed(self: Any, batch: Any) -> Any:
+        clock["drafted"] += 1
         t0 = time.perf_counter()
         try:
             return draft_all(self, batch)
@@ -134,6 +142,7 @@ def step_clock() -> Iterator[dict[str, float]]:
 def measure(engine: Any, name: str, items: Sequence[Item], batch: int, args: argparse.Namespace) -> dict[str, Any]:
     profile = f"{name}@{batch}" in args.profile.split(",")
     prof = cProfile.Profile() if profile else None
+    captures = getattr(getattr(engine._step, "runner", None), "captures", 0)
     with step_clock() as clock:
         if prof is not None:
             prof.enable()
@@ -153,6 +162,9 @@ def measure(engine: Any, name: str, items: Sequence[Item], batch: int, args: arg
         "drafts_per_request": proposed / len(items), "acceptance": accepted / max(proposed, 1),
         "valid": sum(score(it, r.text, r.finish_reason)["valid"] for it, r in zip(items, results)),
         "steps": clock["steps"], "drafting_share": clock["drafting_s"] / wall, "ids": ids,
+        "captures": getattr(getattr(engine._step, "runner", None), "captures", 0) - captures,
+        "drafted_steps": clock["drafted"], "ms_per_drafted_step": 1e3 * clock["drafted_s"] / max(clock["drafted"], 1),
+        "ms_per_plain_step": 1e3 * clock["plain_s"] / max(clock["steps"] - clock["drafted"], 1),
     }
     return row
 
@@ -235,7 +247,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if caches == "warm":  # the same requests once, untimed: their schemas seen before
                     run_groups(engine, subset, b, args.max_tokens, args.device)
                 at_b.append({**measure(engine, name, subset, b, args), "caches": caches})
-                print(f"{name} batch {b} {caches}: {at_b[-1]['wall_s']} s", file=sys.stderr, flush=True)
+                r = at_b[-1]
+                print(f"{name} batch {b} {caches}: {r['wall_s']} s; {r['drafted_steps']}/{r['steps']} steps drafted, "
+                      f"{r['ms_per_drafted_step']:.2f} ms each, the others {r['ms_per_plain_step']:.2f} ms; "
+                      f"{r['captures']} CUDA graphs captured",
+                      file=sys.stderr, flush=True)
             for row in at_b:
                 compare(row, at_b[names.index("none")])
                 print(table_row(row), file=sys.stderr, flush=True)
