@@ -36,6 +36,7 @@ from constrain.engine.graph_runner import BATCH_BUCKETS, GraphRunner, batch_buck
 from constrain.engine.scheduler import FINISHES, ROUTINE, Row, Scheduler
 from constrain.engine.speculative import verify_drafts
 from constrain.engine.state_cache import StateCache
+from constrain.kernels import to_device
 
 logger = logging.getLogger("constrain")
 
@@ -154,12 +155,12 @@ class GraphStep:
         run = self.runner
         self._resolve_pending()
         width = rows.shape[1]
-        masks = self.cache.table.masks[self._upload(rows.tolist())]
-        logits = run.verify_forward([s.pending + s.draft for s in batch], [s.length for s in batch])
         # per row: the logits after its last pending token, then after each draft token
-        pick = torch.as_tensor([[min(len(s.pending) - 1 + j, len(s.pending) + len(s.draft) - 1) for j in range(width)]
-                                for s in batch], device=run.device)
-        logits = torch.gather(logits, 1, pick.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        pick = [[min(len(s.pending) - 1 + j, len(s.pending) + len(s.draft) - 1) for j in range(width)] for s in batch]
+        masks_at, pick_t = self._upload([rows.tolist(), pick]).unbind(0)
+        masks = self.cache.table.masks[masks_at]
+        logits = run.verify_forward([s.pending + s.draft for s in batch], [s.length for s in batch])
+        logits = torch.gather(logits, 1, pick_t.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
         self.steps += 1
         self._verified = True
         return verify_drafts(logits, batch, masks)
@@ -261,14 +262,13 @@ class GraphStep:
         """After a speculative step every row moved where only the host knows: its next input
         token and position, draw count and constraint state go to the GPU buffers."""
         self._verified = False
-        run, dev = self.runner, self.runner.device
+        run = self.runner
         live = [i for i, s in enumerate(batch) if s.finish_reason is None]
         if not live:
             return
-        rows = torch.as_tensor(live, device=dev)
-        run.ids[rows] = torch.as_tensor([batch[i].pending[0] for i in live], device=dev)
-        run.pos[rows] = torch.as_tensor([batch[i].length for i in live], device=dev)
-        run.draws[rows] = torch.as_tensor([batch[i].draws for i in live], device=dev)
+        rows, ids, pos, draws = self._upload([live, [batch[i].pending[0] for i in live], [batch[i].length for i in live],
+                                              [batch[i].draws for i in live]]).unbind(0)
+        run.ids[rows], run.pos[rows], run.draws[rows] = ids, pos, draws
         entered = []
         for i in live:
             grammar = batch[i].request.grammar
@@ -302,15 +302,10 @@ class GraphStep:
             idx, val = self._upload([rows, states], torch.int32)
             self.runner.states[idx] = val
 
-    def _upload(self, lists: Sequence[Sequence[float]], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        """Equal-length host lists as one device tensor, copied from pinned memory without
-        blocking: a pageable copy waits for the stream, which would hold this step's host work
-        (the budget checks, the next patch) until the forward queued before it ends."""
-        run = self.runner
-        host = torch.tensor(lists, dtype=dtype)
-        if run.device.type == "cuda":
-            host = host.pin_memory()
-        return host.to(run.device, non_blocking=True)
+    def _upload(self, lists: Sequence[object], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        """Equal-length host lists as one device tensor, queued (``transfer.to_device``): the
+        step's host work (the budget checks, the next patch) goes on beside the forward."""
+        return to_device(lists, dtype, self.runner.device)
 
     def move_rows(self, moves: list[tuple[int, int, int]], live: int) -> None:
         self._resolve_pending()  # pending misses name rows by their index before the move

@@ -29,11 +29,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from constrain.engine.runner import ModelRunner
 from constrain.engine.static_decoder import StaticDecoder
-from constrain.kernels import StateTable, constrained_step, sample
+from constrain.kernels import StateTable, constrained_step, sample, to_device
 
 if TYPE_CHECKING:
     from constrain.engine.types import CausalLM
@@ -156,8 +157,8 @@ class GraphRunner:
         """Logits (len(ids), V) of every token of a several-tokens-per-row eager pass (token j to
         slot ``slots[j]`` at column ``pos[j]``): rows wider than ``verify_forward``'s graphs."""
         dev = self.device
-        return self.decoder.step(torch.as_tensor(ids, device=dev), torch.as_tensor(pos, device=dev), length,
-                                 torch.as_tensor(slots, device=dev))
+        ids_t, pos_t, slots_t = to_device([ids, pos, slots], torch.int64, dev)
+        return self.decoder.step(ids_t, pos_t, length, slots_t)
 
     @torch.inference_mode()
     def verify_forward(self, tokens: list[list[int]], starts: list[int]) -> torch.Tensor:
@@ -184,13 +185,14 @@ class GraphRunner:
                 torch.full((width * rows,), self.max_len, dtype=torch.int64, device=self.device),
                 torch.zeros(width * rows, vocab, dtype=torch.float32, device=self.device))
         ids, pos, logits = bufs
-        host_ids = torch.zeros((width, rows), dtype=torch.int64)
-        host_pos = torch.full((width, rows), self.max_len, dtype=torch.int64)  # padding: scratch column
+        host = np.zeros((2, width, rows), dtype=np.int64)
+        host[1] = self.max_len  # padding: the scratch column
         for r, (t, s) in enumerate(zip(tokens, starts)):
-            host_ids[: len(t), r] = torch.as_tensor(t)
-            host_pos[: len(t), r] = torch.arange(s, s + len(t))
-        ids.copy_(host_ids.view(-1), non_blocking=True)
-        pos.copy_(host_pos.view(-1), non_blocking=True)
+            host[0, : len(t), r] = t
+            host[1, : len(t), r] = np.arange(s, s + len(t))
+        staged = to_device(torch.from_numpy(host.reshape(2, -1)), torch.int64, self.device)
+        ids.copy_(staged[0])
+        pos.copy_(staged[1])
 
         def body() -> None:
             logits.copy_(self.decoder.step(ids, pos, length, width=width))
@@ -298,8 +300,7 @@ class GraphRunner:
         """Move rows ``src -> dst`` (buffers and the first ``length`` columns of their KV slots);
         rows ``live..`` are parked afterwards (scratch column, unconstrained)."""
         if moves:
-            src = torch.as_tensor([m[0] for m in moves], device=self.device)
-            dst = torch.as_tensor([m[1] for m in moves], device=self.device)
+            src, dst = to_device([[m[0] for m in moves], [m[1] for m in moves]], torch.int64, self.device)
             for buf in (self.ids, self.pos, self.states, self.temperature, self.top_k, self.top_p,
                         self.base, self.draws):
                 buf[dst] = buf[src]

@@ -21,6 +21,7 @@ from constrain.engine.kv_cache import SlotKVCache
 from constrain.engine.sampler import sample
 from constrain.engine.speculative import verify_drafts
 from constrain.engine.state_cache import StateCache
+from constrain.kernels import to_device
 
 if TYPE_CHECKING:
     from constrain.engine.scheduler import Row, Scheduler
@@ -76,10 +77,10 @@ class ModelRunner:
         for i, (seq, s) in enumerate(zip(tokens, starts)):
             ids[i, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
             pos[i, : len(seq)] = torch.arange(s, s + len(seq))
-        ids, pos = ids.to(dev, non_blocking=True), pos.to(dev, non_blocking=True)
-        lens_t = torch.as_tensor(lens, device=dev)
+        ids, pos = to_device(ids, torch.long, dev), to_device(pos, torch.long, dev)
+        lens_t, starts_t = to_device([lens, list(starts)], torch.long, dev)
         # RoPE positions: real positions for real tokens; padding reuses the last real position.
-        rope_pos = torch.minimum(pos, (torch.as_tensor(starts, device=dev) + lens_t - 1).unsqueeze(1))
+        rope_pos = torch.minimum(pos, (starts_t + lens_t - 1).unsqueeze(1))
         view_len = end_pos
         key_pos = torch.arange(view_len, device=dev)
         allowed = key_pos.view(1, 1, view_len) <= rope_pos.unsqueeze(-1)  # (rows, T, view_len), causal
@@ -90,7 +91,7 @@ class ModelRunner:
         if n_logits is None:
             last = (lens_t - 1).view(rows, 1, 1)
         else:  # positions lens - n .. lens - 1, padded with the last
-            n_t = torch.as_tensor(list(n_logits), device=dev).view(rows, 1)
+            n_t = to_device(list(n_logits), torch.long, dev).view(rows, 1)
             j = torch.arange(max(n_logits), device=dev).view(1, -1)
             last = torch.minimum(lens_t.view(rows, 1) - n_t + j, lens_t.view(rows, 1) - 1).unsqueeze(-1)
         width = last.shape[1]

@@ -22,6 +22,7 @@ import torch
 
 from constrain.kernels import apply_token_bitmask_inplace as _apply_bitmask
 from constrain.kernels import sample as _fused_sample
+from constrain.kernels import to_device
 
 logger = logging.getLogger("constrain")
 
@@ -90,14 +91,14 @@ def sample(
         idx = [-1] * b
         for r in mask_rows:
             idx[r] = r
-        index = torch.as_tensor(idx, dtype=torch.int32, device=dev)
+        index = to_device(idx, torch.int32, dev)
     else:
         bitmask = None
-    temperature = torch.as_tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
+    temperature = to_device([p.temperature for p in params], torch.float32, dev)
     filtered = any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params)
-    top_k = torch.as_tensor([p.top_k for p in params], dtype=torch.int32, device=dev) if filtered else None
-    top_p = torch.as_tensor([p.top_p for p in params], dtype=torch.float32, device=dev) if filtered else None
-    step = torch.as_tensor([step_seed(s, d) for s, d in zip(seeds, draws)], dtype=torch.int64, device=dev)
+    top_k = to_device([p.top_k for p in params], torch.int32, dev) if filtered else None
+    top_p = to_device([p.top_p for p in params], torch.float32, dev) if filtered else None
+    step = to_device([step_seed(s, d) for s, d in zip(seeds, draws)], torch.int64, dev)
     tokens, _ = _fused_sample(logits, bitmask, index, temperature=temperature, top_k=top_k, top_p=top_p,
                               seeds=step, max_top_k=max(p.top_k for p in params) if filtered else None)
     return tokens

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 from constrain.engine.sampler import SamplingParams, sample, step_seed
-from constrain.kernels import apply_token_bitmask_inplace, masked_argmax, verify_draft
+from constrain.kernels import apply_token_bitmask_inplace, masked_argmax, to_device, verify_draft
 
 if TYPE_CHECKING:
     from constrain.engine.scheduler import Row, Scheduler
@@ -275,8 +275,7 @@ def verify(
     if masks is not None and constrained:
         flat = logits.view(b * k1, v)
         # only the positions each draft reaches (the rest of the padded width is never read)
-        rows = torch.as_tensor([r * k1 + j for r in constrained for j in range(len(drafts[r]) + 1)],
-                               dtype=torch.int32, device=dev)
+        rows = to_device([r * k1 + j for r in constrained for j in range(len(drafts[r]) + 1)], torch.int32, dev)
         masks = masks.reshape(b * k1, -1).to(dev, non_blocking=True)
         apply_token_bitmask_inplace(flat, masks, rows)
         masks = masks.view(b, k1, -1)
@@ -286,10 +285,10 @@ def verify(
     for r, draft in enumerate(drafts):
         if not (draft and params[r].temperature <= 0):
             groups.setdefault(len(draft), []).append(r)
-    read: list[torch.Tensor] = [masked_argmax(logits[torch.as_tensor(greedy, device=dev)])] if greedy else []
+    read: list[torch.Tensor] = [masked_argmax(logits[to_device(greedy, torch.int64, dev)])] if greedy else []
     verified: list[tuple[list[int], torch.Tensor]] = []
     for d, rows_d in groups.items():
-        idx = torch.as_tensor(rows_d, device=dev)
+        idx = to_device(rows_d, torch.int64, dev)
         if d == 0:  # exactly a plain step's draw (its mask, filters and seed)
             cons = set(constrained)
             mask_rows = [j for j, r in enumerate(rows_d) if r in cons]
@@ -300,11 +299,11 @@ def verify(
                 out[r] = [int(t)]
             continue
         tgt = logits[idx, : d + 1]
-        dtok = torch.as_tensor([list(drafts[r]) for r in rows_d], dtype=torch.int64, device=dev)
+        dtok = to_device([list(drafts[r]) for r in rows_d], torch.int64, dev)
         one_hot = torch.full((len(rows_d), d, v), float("-inf"), device=dev)
         one_hot.scatter_(2, dtok.unsqueeze(-1), 0.0)
-        temp = torch.as_tensor([params[r].temperature for r in rows_d], dtype=torch.float32, device=dev)
-        seed = torch.as_tensor([step_seed(seeds[r], draws[r]) for r in rows_d], dtype=torch.int64, device=dev)
+        temp = to_device([params[r].temperature for r in rows_d], torch.float32, dev)
+        seed = to_device([step_seed(seeds[r], draws[r]) for r in rows_d], torch.int64, dev)
         toks_t, n_out, _, flags = verify_draft(tgt, one_hot, dtok, None, None, temperature=temp, seeds=seed)
         verified.append((rows_d, torch.stack([n_out.long(), flags.long()], 1)))
         read.append(torch.nn.functional.pad(toks_t, (0, k1 - d - 1), value=-1))

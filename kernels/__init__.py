@@ -9,6 +9,7 @@ from .apply_bitmask import apply_token_bitmask_inplace, apply_token_bitmask_inpl
 from .sampling import sample, sample_ref
 from .speculative import masked_argmax, verify_draft, verify_draft_ref
 from .state_table import StateTable, advance_ref
+from .transfer import to_device
 
 
 def constrained_step(
@@ -40,6 +41,7 @@ __all__ = [
     "masked_argmax",
     "sample",
     "sample_ref",
+    "to_device",
     "unpack_bitmask",
     "use_triton",
     "verify_draft",

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from ._common import HAS_TRITON, MASK32, _mix_ref, tl, triton, use_triton
+from .transfer import to_device
 
 if HAS_TRITON:
     from ._common import _mix
@@ -216,11 +217,11 @@ class StateTable:
 
     # ---- host inserts ---------------------------------------------------------------------
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:
-        """``host`` on the table's device without waiting for the stream: inserts run while a
-        forward is in flight (the engine resolves misses then), and a blocking copy would hold
-        the host until that forward ends, exposing all the host work after it. (A copy from
-        pageable memory is staged before the call returns, so ``host`` may change right after.)"""
-        return host.to(self.device, non_blocking=True)
+        """``host`` on the table's device without waiting for the stream (``to_device``):
+        inserts run while a forward is in flight (the engine resolves misses then), and a
+        blocking copy would hold the host until that forward ends, exposing all the host work
+        after it."""
+        return to_device(host, host.dtype, self.device)
 
     def add_state(self, state_id: int, mask_words: torch.Tensor) -> None:
         """Store the mask row (int32 words) of one state."""
