@@ -93,6 +93,7 @@ class GraphRunner:
         # (rows, tokens per row, attended length) -> ms of a replay of that forward, timed when
         # captured (the forward graph is width 1): the step-time table of the batch verify width
         self.step_ms: dict[tuple[int, int, int], float] = {}
+        self._step_times: dict[tuple[int, int | None, int], float | None] = {}  # step_time's answers
 
     @property
     def max_len(self) -> int:
@@ -112,14 +113,16 @@ class GraphRunner:
         one nearest to it; None until both were captured at one length (``Scheduler`` then uses
         its default model). Why the same length: a forward's time grows with what it attends,
         and a plain step timed at 64 columns against a verification at 2048 priced drafts out."""
-        bucket = batch_bucket(rows)
-        tokens = next((w for w in WIDTH_BUCKETS if w >= width), None)
-        target = self.length_bucket(need)
-        both = [n for (r, w, n) in self.step_ms if r == bucket and w == tokens and (bucket, 1, n) in self.step_ms]
-        if tokens is None or not both:
-            return None
-        n = min(both, key=lambda n: (abs(n.bit_length() - target.bit_length()), n))
-        return self.step_ms[(bucket, tokens, n)] / self.step_ms[(bucket, 1, n)]
+        key = (batch_bucket(rows), next((w for w in WIDTH_BUCKETS if w >= width), None), self.length_bucket(need))
+        if key not in self._step_times:  # (the batch width asks for every width, every step)
+            bucket, tokens, target = key
+            both = [n for (r, w, n) in self.step_ms if r == bucket and w == tokens and (bucket, 1, n) in self.step_ms]
+            ratio = None
+            if tokens is not None and both:
+                n = min(both, key=lambda n: (abs(n.bit_length() - target.bit_length()), n))
+                ratio = self.step_ms[(bucket, tokens, n)] / self.step_ms[(bucket, 1, n)]
+            self._step_times[key] = ratio
+        return self._step_times[key]
 
     # -- the step bodies (eager on CPU, captured on CUDA) -------------------------------------
     def _forward(self, rows: int, length: int) -> None:
@@ -274,6 +277,7 @@ class GraphRunner:
             best = min(best, start.elapsed_time(end))
         rows, width, length = (key[1], 1, key[2]) if key[0] == "fwd" else key[1:]
         self.step_ms[(rows, width, length)] = best
+        self._step_times.clear()
 
     def _capture(self, fn) -> torch.cuda.CUDAGraph:
         """Warm up (Triton JIT, cuBLAS plans) on a side stream, then capture. The warm-up really

@@ -51,6 +51,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Protocol, cast
 
 import numpy as np
@@ -673,47 +674,53 @@ class Scheduler:
     def _cut_to_width(self, batch: list[Row]) -> None:
         """Cut every row's draft to the verify width ``speculative.choose_width`` picks for the
         batch: per row the chance each prefix survives (its acceptance rate of the drafter that
-        proposed each token, forced text 1.0), per width the step's time (``_step_time``)."""
+        proposed each token, forced text 1.0), per width the step's time (``_step_times``).
+        Arrays of rows x widths: this runs every step, for every row and width."""
         longest = max(len(s.draft) for s in batch)
         if not longest:
             return
-        cuts = [[self._safe_cut(s, w) for w in range(longest + 1)] for s in batch]
+        rows = [self._safe_cuts(s, longest) for s in batch]
         gains = []
-        for s, cut in zip(batch, cuts):
-            survive = prefix_survival([1.0 if k == FORCED else s.rates.get(k, 1.0) for k in s.draft_kind])
-            gains.append([1.0 + sum(survive[:c]) for c in cut])
-        times = [self._step_time(batch, [cut[w] for cut in cuts]) for w in range(longest + 1)]
-        w = choose_width(gains, times)
-        for s, cut in zip(batch, cuts):
-            c = cut[w]
+        for s, cut in zip(batch, rows):  # 1 + the expected accepted tokens of each prefix length
+            rates = s.rates
+            pre = list(accumulate(prefix_survival([1.0 if k == FORCED else rates.get(k, 1.0) for k in s.draft_kind]),
+                                  initial=1.0))
+            gains.append([pre[c] for c in cut])
+        cuts = np.array(rows)
+        w = choose_width(gains, self._step_times(batch, cuts))
+        for s, c in zip(batch, cuts[:, w].tolist()):
             if c < len(s.draft):
                 # cut just before a forced run: the plain path forces it after the draft, no bonus
                 s.draft_bonus = c == 0 or s.draft_kind[c] != FORCED
                 s.draft, s.draft_kind = s.draft[:c], s.draft_kind[:c]
 
     @staticmethod
-    def _safe_cut(s: Row, w: int) -> int:
-        """``s``'s draft length when cut to at most ``w`` tokens, never inside forced text riding
-        along: the plain path appends a forced run whole (tokenized as one), so a verified part
-        of one followed by a re-forced rest could tokenize differently."""
+    def _safe_cuts(s: Row, longest: int) -> list[int]:
+        """``s``'s draft length when cut to at most w tokens, for w = 0..``longest``, never inside
+        forced text riding along: the plain path appends a forced run whole (tokenized as one),
+        so a verified part of one followed by a re-forced rest could tokenize differently."""
         kinds = s.draft_kind
-        c = min(w, len(kinds))
-        while 0 < c < len(kinds) and kinds[c - 1] == FORCED and kinds[c] == FORCED:
-            c -= 1
-        return c
+        n = len(kinds)
+        out = [0]
+        for w in range(1, n):
+            out.append(out[-1] if kinds[w - 1] == FORCED and kinds[w] == FORCED else w)
+        return out + [n] * (longest + 1 - len(out))
 
-    def _step_time(self, batch: list[Row], cut: list[int]) -> float:
-        """Time of a step forwarding each row's pending tokens and its draft cut to ``cut``, a
-        one-token plain step's being 1: the backend's ``step_time`` where it measured this bucket
-        (``GraphRunner.step_time``: each captured forward timed at its length; pending forced text makes
-        even a plain step a several-token pass there), else the default model
-        1 + cost * (longest draft)."""
-        width = max(len(s.pending) + c for s, c in zip(batch, cut))
-        if width == 1:
-            return 1.0
-        t = self.backend.step_time(len(batch), width, max(s.length + len(s.pending) + c for s, c in zip(batch, cut)))
+    def _step_times(self, batch: list[Row], cuts: np.ndarray) -> list[float]:
+        """Per width w, the time of a step forwarding each row's pending tokens and its draft cut
+        to ``cuts[:, w]``, a one-token plain step's being 1: the backend's ``step_time`` where it
+        measured this bucket (``GraphRunner.step_time``: each captured forward timed at its
+        length; pending forced text makes even a plain step a several-token pass there), else the
+        default model 1 + cost * (longest draft)."""
         assert self.speculative is not None
-        return t if t is not None else 1.0 + self.speculative.cost * max(cut)
+        pending = np.array([len(s.pending) for s in batch])[:, None]
+        ends = pending + np.array([s.length for s in batch])[:, None]
+        out = []
+        for width, need, cut in zip((pending + cuts).max(0).tolist(), (ends + cuts).max(0).tolist(),
+                                    cuts.max(0).tolist()):
+            t = None if width == 1 else self.backend.step_time(len(batch), width, need)
+            out.append(1.0 if width == 1 else t if t is not None else 1.0 + self.speculative.cost * cut)
+        return out
 
     def _forced_run(self, s: Row, ahead: int) -> list[int]:
         """The forced tokens a plain step appends at ``s``'s (walked) state, ``ahead`` tokens on."""

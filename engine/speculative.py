@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from constrain.engine.sampler import SamplingParams, sample, step_seed
@@ -235,7 +236,7 @@ def prefix_survival(estimates: Sequence[float]) -> list[float]:
     return out
 
 
-def choose_width(gains: Sequence[Sequence[float]], step_time: Sequence[float]) -> int:
+def choose_width(gains: Sequence[Sequence[float]] | np.ndarray, step_time: Sequence[float]) -> int:
     """How many draft tokens per row the batch verifies: the W maximising
     sum_r gains[r][W] / step_time[W], the smallest W on ties (deterministic; W = 0 is a plain step).
 
@@ -245,9 +246,10 @@ def choose_width(gains: Sequence[Sequence[float]], step_time: Sequence[float]) -
     verification forward is as wide as its longest row, so each row's own best length (what
     ``choose_draft_length`` picks) does not add up: at a large batch one row's long draft makes
     every row pay for a wide step, while most rows accept little of theirs."""
+    totals = np.asarray(gains, dtype=np.float64).sum(0)
     best_w, best = 0, -1.0
     for w, t in enumerate(step_time):
-        value = sum(g[w] for g in gains) / t
+        value = totals[w] / t
         if value > best:
             best_w, best = w, value
     return best_w

@@ -579,7 +579,9 @@ def test_batch_width_maximises_expected_tokens_per_step_time(times: list[float],
 def test_batch_width_never_cuts_inside_forced_text() -> None:
     row = Row(0, None, None, 0, 10, [1])  # type: ignore[arg-type]
     row.draft_kind = [1, FORCED, FORCED, 1]
-    assert [Scheduler._safe_cut(row, w) for w in range(6)] == [0, 1, 1, 3, 4, 4]
+    assert Scheduler._safe_cuts(row, 5) == [0, 1, 1, 3, 4, 4]
+    row.draft_kind = [FORCED, FORCED, 1, FORCED, FORCED, FORCED]
+    assert Scheduler._safe_cuts(row, 7) == [0, 0, 2, 3, 3, 3, 6, 6]
 
 
 def test_step_time_table_is_relative_to_the_plain_forward() -> None:
@@ -587,11 +589,13 @@ def test_step_time_table_is_relative_to_the_plain_forward() -> None:
     run.runner = SimpleNamespace(max_len=4096)
     run.step_ms = {(32, 1, 64): 1.0, (32, 8, 2048): 6.0, (32, 1, 1024): 2.0, (32, 8, 1024): 3.0,
                    (32, 1, 256): 1.5, (32, 8, 256): 1.5, (4, 2, 64): 1.0}
+    run._step_times = {}
     assert run.step_time(20, 5, 1000) == 1.5  # rows bucket 32, tokens bucket 8, length 1024
     assert run.step_time(20, 5, 3000) == 1.5  # no plain step at 4096 or 2048: the nearest with both
     assert run.step_time(20, 5, 200) == 1.0  # length 256
     assert run.step_time(20, 5, 60) == 1.0  # nearest with both (256), not the plain 64 against 2048
     assert run.step_time(20, 9, 100) is None and run.step_time(3, 2, 100) is None  # not measured
+    assert run.step_time(20, 5, 1000) == 1.5  # asked again: the remembered answer
 
 
 def test_costly_verification_falls_back_to_plain_steps() -> None:
