@@ -303,7 +303,7 @@ class GraphStep:
             self.runner.states[idx] = val
 
     def _upload(self, lists: Sequence[object], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        """Equal-length host lists as one device tensor, queued (``transfer.to_device``): the
+        """Equal-length host lists as one device tensor, queued (``kernels.to_device``): the
         step's host work (the budget checks, the next patch) goes on beside the forward."""
         return to_device(lists, dtype, self.runner.device)
 
