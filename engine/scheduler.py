@@ -718,8 +718,8 @@ class Scheduler:
         out = []
         for width, need, cut in zip((pending + cuts).max(0).tolist(), (ends + cuts).max(0).tolist(),
                                     cuts.max(0).tolist()):
-            t = None if width == 1 else self.backend.step_time(len(batch), width, need)
-            out.append(1.0 if width == 1 else t if t is not None else 1.0 + self.speculative.cost * cut)
+            t = 1.0 if width == 1 else self.backend.step_time(len(batch), width, need)
+            out.append(t if t is not None else 1.0 + self.speculative.cost * cut)
         return out
 
     def _forced_run(self, s: Row, ahead: int) -> list[int]:

@@ -236,7 +236,7 @@ def prefix_survival(estimates: Sequence[float]) -> list[float]:
     return out
 
 
-def choose_width(gains: Sequence[Sequence[float]] | np.ndarray, step_time: Sequence[float]) -> int:
+def choose_width(gains: Sequence[Sequence[float]], step_time: Sequence[float]) -> int:
     """How many draft tokens per row the batch verifies: the W maximising
     sum_r gains[r][W] / step_time[W], the smallest W on ties (deterministic; W = 0 is a plain step).
 
