@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from bench.compare import git_commit, machine
 from constrain.testing.corpus import DEFAULT_DATA, expand_subsets, load_cases

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from bench import REPO_ROOT
 from bench.engines import ADAPTERS, ENGINES

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))
 import constrain
 from constrain import compiler, tokenizers
 from constrain.grammars.json_schema import json_schema_to_grammar

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from bench.engine_graph import LLAMA3_8B, physical_floor
 from constrain.engine.graph_runner import GraphRunner

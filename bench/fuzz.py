@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from bench import REPO_ROOT
 from bench.compare import git_commit, machine

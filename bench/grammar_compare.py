@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from bench import REPO_ROOT
 from bench.compare import append_benchmarks, git_commit, machine

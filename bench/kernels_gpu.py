@@ -19,7 +19,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.append(os.path.join(os.path.dirname(__file__), ".."))
 
 from constrain.kernels import StateTable, apply_token_bitmask_inplace, constrained_step, sample, verify_draft
 from constrain.kernels.apply_bitmask import apply_token_bitmask_inplace_ref, unpack_bitmask

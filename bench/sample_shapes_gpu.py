@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))
 from bench.kernels_gpu import DEV, graph_time_us, nbuf_for, rand_bitmask, torch_sample
 from constrain.kernels import sample
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from constrain.testing.corpus import DEFAULT_DATA, JSB_SUBSETS, load_cases, suite_files, suite_remote
 from constrain.testing.schema_check import OUTCOMES, check

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
@@ -23,6 +25,11 @@ from constrain.arguments import check_instance
 from constrain.matcher import Matcher
 
 __all__ = ["BatchMatcher"]
+
+# The calling thread works alone this long before helpers join. Most steps of a decode loop meet
+# a few new states of ~100 us each: handed to the pool, each task cost a thread wake-up and GIL
+# hand-offs that doubled the step's preparation (a JSON-schema replay at batch 16, SmolLM2).
+HELP_AFTER_S = 0.002
 
 
 class BatchMatcher:
@@ -79,13 +86,16 @@ class BatchMatcher:
         for m, budget in zip(matchers, budgets):
             if not m.mask_is_cached(budget):
                 groups.setdefault(id(m._automaton), []).append((m, budget))
-        if len(groups) <= 1 or self.max_threads == 1:
-            for group in groups.values():
-                _warm(group)
-            return
-        pool = self._get_pool()
-        for done in [pool.submit(_warm, group) for group in groups.values()]:
-            done.result()
+        todo = deque(groups.values())
+        _drain(todo, time.perf_counter() + HELP_AFTER_S if self.max_threads > 1 else None)
+        helpers = []
+        if len(todo) > 1 and self.max_threads > 1:
+            pool = self._get_pool()
+            helpers = [pool.submit(_drain, todo) for _ in range(min(self.max_threads, len(todo)) - 1)]
+        _drain(todo)
+        for helper in helpers:
+            if not helper.cancel():  # it started: wait for the group it took
+                helper.result()
 
     @staticmethod
     def _checked(matchers: Sequence[Matcher]) -> Sequence[Matcher]:
@@ -119,6 +129,17 @@ class BatchMatcher:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _drain(todo: deque[list[tuple[Matcher, int | None]]], until: float | None = None) -> None:
+    """Warm groups taken from ``todo`` until none is left (or, with ``until``, until that
+    ``time.perf_counter()``)."""
+    while until is None or time.perf_counter() < until:
+        try:
+            group = todo.popleft()
+        except IndexError:
+            return
+        _warm(group)
 
 
 def _warm(group: list[tuple[Matcher, int | None]]) -> None:
