@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import torch
 
-from constrain import BatchMatcher, CompiledGrammar, Vocabulary
+from constrain import CompiledGrammar, Vocabulary
 from constrain.engine.constraints import Constraint, schema_dict
 from constrain.engine.generate import run_requests
 from constrain.engine.graph_loop import GraphStep
@@ -122,7 +122,6 @@ class Engine:
         self.context_len: int | None = getattr(loaded.model.config, "max_position_embeddings", None)
         self._step: EagerStep | GraphStep | None = None
         self.speculative = SpeculativeConfig.parse(speculative)
-        self._masks = BatchMatcher()  # new states of a step's grammars masked side by side (threads made lazily)
 
     @classmethod
     def from_pretrained(
@@ -185,7 +184,7 @@ class Engine:
             self._step = step
         backend: StepBackend = step
         return Scheduler(backend, self.vocab, self._encode, context_len=self.context_len,
-                         speculative=self.speculative, masks=self._masks)
+                         speculative=self.speculative)
 
     def run(
         self,

@@ -282,12 +282,13 @@ class Scheduler:
 
     def __init__(self, backend: StepBackend, vocab: Vocabulary, encode: Callable[[str], list[int]],
                  max_prefill_tokens: int = 8192, context_len: int | None = None,
-                 speculative: SpeculativeConfig | str | bool | None = None,
-                 masks: BatchMatcher | None = None) -> None:
+                 speculative: SpeculativeConfig | str | bool | None = None) -> None:
         self.backend = backend
-        # Computes a step's uncached masks over threads before the backend fills rows one by one
-        # (an Engine passes its own, so the threads outlive one run).
-        self.masks = BatchMatcher() if masks is None else masks
+        # Computes a step's uncached masks before the backend fills rows one by one, in this thread:
+        # replays of the engine bench's outputs on the H200's host (16 cores) ran 1.1-1.7x longer
+        # with the masks spread over threads (each ~100 us of mostly Python: the GIL serialises it
+        # and every hand-off costs a wake-up) at batch 16, 64 and 256.
+        self.masks = BatchMatcher(max_threads=1)
         self.vocab = vocab
         self.encode = encode
         self.max_prefill_tokens = max_prefill_tokens
@@ -380,10 +381,10 @@ class Scheduler:
 
     # -- constraint, shared by every backend --------------------------------------------------
     def _prepare_masks(self, batch: list[Row]) -> None:
-        """The plain masks of the rows' current states that no cache holds yet, computed side by
-        side (``BatchMatcher.prepare``: new states of different grammars in parallel, the C++ core
-        releasing the GIL) before the backend fills its rows one by one from the caches. A
-        matcher that raises here raises again in its own fill, which fails its request alone."""
+        """The plain masks of the rows' current states that no cache holds yet, computed before
+        the backend fills its rows one by one from the caches (on the graph path: while the
+        forward queued ahead runs). A matcher that raises here raises again in its own fill,
+        which fails its request alone."""
         matchers = []
         for s in self.backend.host_masks(batch):
             m = s.matcher

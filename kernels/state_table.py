@@ -294,13 +294,21 @@ class StateTable:
         cap = self._keys_np.size
         home = _hash_np(keys)
         touched = []
-        pending = np.ones(keys.size, dtype=bool)
+        pending = np.zeros(keys.size, dtype=bool)  # keys to insert: not in the table
+        search = np.arange(keys.size)  # keys that may be in the table further along their probe
         for p in range(MAX_PROBE):  # update keys already present
-            slot = (home + p) & (cap - 1)
-            hit = pending & (self._keys_np[slot] == keys)
-            self._values_np[slot[hit]] = values[hit]
+            if search.size == 0:
+                break
+            slot = (home[search] + p) & (cap - 1)
+            found = self._keys_np[slot]
+            hit = found == keys[search]
+            self._values_np[slot[hit]] = values[search[hit]]
             touched.append(slot[hit])
-            pending &= ~hit
+            empty = found == -1  # (no deletions: a key is never past an empty slot of its probe)
+            pending[search[empty]] = True
+            search = search[~hit & ~empty]
+        if search.size:  # neither found nor placeable within MAX_PROBE of home
+            return None
         new = 0
         for p in range(MAX_PROBE):
             idx = np.nonzero(pending)[0]

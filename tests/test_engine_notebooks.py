@@ -16,11 +16,13 @@ NOTEBOOKS = sorted((ROOT / "examples").glob("*.ipynb"))
 
 
 def execute(path: Path) -> Any:
-    """Run a notebook in the repository root (as a reader who opened it there would) and return it."""
+    """Run a notebook in its own folder (where Jupyter starts its kernel) and return it. Not in the
+    repository root: a kernel there has the checkout's ``kernels/`` ahead of the ``kernels``
+    package that transformers imports."""
     nb = nbformat.read(path, as_version=4)
     # The timeout guards against a hung kernel, not speed: a shared 2-core machine under load ran
     # invoice_extraction's generation cell past 600 s.
-    client = nbclient.NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}})
+    client = nbclient.NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
     client.execute()
     return nb
 

@@ -18,5 +18,5 @@ def test_kernel_tests_ran_somewhere() -> None:
     files = sorted(str(p) for p in here.glob("test_kernels_*.py") if p.name != Path(__file__).name)
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
-                       cwd=here.parent, env=env, capture_output=True, text=True)
+                       cwd=here, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
