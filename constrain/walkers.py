@@ -31,6 +31,7 @@ class RowSource(Protocol):
     lock: threading.RLock
 
     def ensure_rows(self, states: np.ndarray | Sequence[int]) -> None: ...
+    def first_bytes(self, e: int) -> int: ...
     def work(self) -> AbstractContextManager[None]: ...
 
 
@@ -95,6 +96,8 @@ class NativeWalker:
         """The slice of the bytes that lead ``state`` back to itself, where there are enough of
         them (and, for a walk that records ends, where no end is entered from ``state``)."""
         table = self.table
+        if table.first_bytes(state).bit_count() < MIN_SLICE_BYTES:  # (a superset of the loop's bytes)
+            return None
         table.ensure_rows((state,))
         loop = table.rows[state] == state
         if int(np.count_nonzero(loop)) < MIN_SLICE_BYTES or (ends and table.row_nullable[state]):
