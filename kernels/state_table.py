@@ -238,9 +238,14 @@ class StateTable:
         need = int(ids.max()) + 1
         if need > self.state_capacity:
             self._grow_states(need)
-        ids = self._to_device(ids)
-        self.masks[ids] = self._to_device(rows)
-        self.present[ids] = 1
+        # one upload: the ids ride in a column before the rows
+        both = self._to_device(torch.cat((ids.to(torch.int32).unsqueeze(1), rows), dim=1))
+        ids = both[:, 0].long()
+        self.masks[ids] = both[:, 1:]
+        # index_fill_, not ``present[ids] = 1``: that copies the 1 from the host in a way that
+        # waits for the stream, so every insert waited for the forward in flight (10.6 ms on the
+        # H200 behind 1 ms of queued work, against 13-18 us for the mask rows' own write)
+        self.present.index_fill_(0, ids, 1)
 
     def set_default(self, state: int, next_state: int) -> None:
         """Every token of `state` that has no key in the hash leads to `next_state`. Call only
@@ -283,10 +288,12 @@ class StateTable:
             while touched is None:  # pragma: no cover - astronomically unlikely at load <= 1/2
                 self._rehash(2 * self.transition_capacity)
                 touched = self._place(keys, v)
-        if touched.size:
-            idx = self._to_device(torch.from_numpy(touched))
-            self.keys[idx] = self._to_device(torch.from_numpy(self._keys_np[touched]))
-            self.values[idx] = self._to_device(torch.from_numpy(self._values_np[touched]))
+        if touched.size:  # one upload: slots, keys and values
+            both = self._to_device(torch.from_numpy(np.stack(
+                (touched, self._keys_np[touched], self._values_np[touched].astype(np.int64)))))
+            idx = both[0]
+            self.keys[idx] = both[1]
+            self.values[idx] = both[2].to(torch.int32)
 
     def _place(self, keys: np.ndarray, values: np.ndarray) -> np.ndarray | None:
         """Insert into the host mirror; returns touched slots, or None if a key would land
