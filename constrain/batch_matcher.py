@@ -4,8 +4,9 @@ A state met before is a cached mask and a copy; a new state is a trie walk with 
 C++, which releases the GIL, so new states of different grammars can be masked side by side.
 ``prepare`` computes the masks not cached yet, one group per grammar (a grammar masks its new
 states one at a time, under its own lock): the calling thread first, then, past ``HELP_AFTER_S``,
-the pool's threads with it; the rows are then filled from the cache in the calling thread. xgrammar's ``BatchGrammarMatcher`` does the
-same job with the same verbs; engines that fill rows their own way call ``prepare`` first.
+the pool's threads with it; the rows are then filled from the cache in the calling thread.
+xgrammar's ``BatchGrammarMatcher`` does the same job with the same verbs; engines that fill rows
+their own way call ``prepare`` first.
 """
 
 from __future__ import annotations

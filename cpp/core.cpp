@@ -53,18 +53,6 @@ PackedTrie make_trie(const nb::sequence& token_bytes) {
     return PackedTrie(views);
 }
 
-// The table's mutex, taken without giving up the GIL where it is free. Where another thread holds
-// it the GIL is released while waiting (the holder may be in a walk that never needs the GIL, or
-// may need the GIL to finish), so no thread ever waits for the mutex holding the GIL.
-std::unique_lock<std::recursive_mutex> table_lock(ExprCore& core) {
-    std::unique_lock<std::recursive_mutex> guard(core.mutex(), std::try_to_lock);
-    if (!guard.owns_lock()) {
-        nb::gil_scoped_release release;
-        guard.lock();
-    }
-    return guard;
-}
-
 // A row table seen from a walk: the C++ table (constrain._core.ExprCore), read and filled directly
 // under its mutex with no Python involved, or a Python one (constrain.derivatives.ExprTable): its
 // arrays as a RowTable, and the fill that calls table.ensure_rows with the GIL and views the (maybe
@@ -73,7 +61,8 @@ class TableView {
 public:
     explicit TableView(nb::handle table) : table_(table) {
         if (nb::try_cast<ExprCore*>(table, core_, false) && core_ != nullptr) {
-            lock_ = table_lock(*core_);
+            nb::gil_scoped_release release;  // never wait for the mutex holding the GIL: its holder may need it
+            lock_ = std::unique_lock<std::recursive_mutex>(core_->mutex());
             snapshot_ = core_->buffers();
             current_ = snapshot_.view();
         } else {
@@ -243,12 +232,12 @@ nb::ndarray<nb::numpy, uint32_t, nb::ndim<2>> nodes(const PackedTrie& trie) {
 using constrain::ByteSet;
 using constrain::CoreError;
 
-// A call into the table: the table's mutex held, one unit of work (the deadline of an enclosing
-// unit, or one of its own). The GIL stays held (see table_lock): these calls are short, and a
-// release per call handed the GIL between the threads of a batch fill dozens of times per mask.
+// A call into the table: the GIL released, the table's mutex held, one unit of work (the
+// deadline of an enclosing unit, or one of its own).
 template <class F>
 auto locked(ExprCore& core, F&& f) {
-    auto guard = table_lock(core);
+    nb::gil_scoped_release release;
+    std::lock_guard<std::recursive_mutex> guard(core.mutex());
     core.begin_work();
     struct End {
         ExprCore& c;
@@ -496,11 +485,13 @@ void bind_expr_core(nb::module_& m) {
              "identity).")
         .def("__len__", &ExprCore::size)
         .def("_begin_work", [](ExprCore& c) {
-            auto guard = table_lock(c);
+            nb::gil_scoped_release release;
+            std::lock_guard<std::recursive_mutex> g(c.mutex());
             c.begin_work();
         })
         .def("_end_work", [](ExprCore& c) {
-            auto guard = table_lock(c);
+            nb::gil_scoped_release release;
+            std::lock_guard<std::recursive_mutex> g(c.mutex());
             c.end_work();
         })
         .def("set_rule_lengths",
