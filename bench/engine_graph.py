@@ -20,6 +20,7 @@ writes the small carried data (schemas, Llama-3 tokenizer file).
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import shutil
@@ -229,7 +230,11 @@ def print_tables(rows: list[dict], models: list[str], batches: list[int], cols: 
 
 
 def timed(fn: Any) -> tuple[list[Any], float]:
-    """``fn()``'s results and its wall time, the device synchronised on both sides."""
+    """``fn()``'s results and its wall time, the device synchronised on both sides. A garbage
+    collection first: what earlier cells left behind (a mode's caches, the anchors' objects)
+    would otherwise be collected inside whichever cell crosses the collector's threshold (a full
+    collection with a model loaded takes ~0.1 s, as long as a whole batch-16 cell)."""
+    gc.collect()
     _sync()
     t0 = time.perf_counter()
     out = fn()

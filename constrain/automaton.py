@@ -33,6 +33,8 @@ MAX_FORCED_BYTES = 4096
 # walk enters few subtrees (a key's or a literal's rest, a digit, punctuation), so it is cheap,
 # while a head walk costs 3x as much and most narrow heads are never met again (JSON-schema
 # replays of a model's outputs); one met again (objects repeated in an array) is split from then on.
+# (Its structure signature, which shares a head's walk between grammars, is not computed either:
+# in a cold replay it cost more than the masks.)
 MIN_SPLIT_BYTES = 16
 
 # Tokens longer than the clamp limit are walked apart, per state; the limit keeps them this few.
@@ -96,7 +98,7 @@ class TokenAutomaton:
         self._max_next: dict[int, float] = {}
         self._heads = ByteBudgetCache(max_entries=mask_cache_size)  # head walks and their crossings per first bytes
         self._head_states = ByteBudgetCache(max_entries=mask_cache_size)  # per head: its states at paths
-        self._narrow_seen: set[Hashable] = set()  # keys of narrow heads met once (``_split_mask``)
+        self._narrow_seen: set[int] = set()  # narrow heads met once (``_split_mask``)
         self._mask_cache_size = mask_cache_size
         self._lock = threading.RLock()
 
@@ -214,6 +216,9 @@ class TokenAutomaton:
         head, tail = parts
         if table.is_byte_set(head):  # a literal's next byte: the plain walk is already tiny
             return None
+        if table.first_bytes(head).bit_count() < MIN_SPLIT_BYTES and head not in self._narrow_seen:
+            self._narrow_seen.add(head)  # a narrow head met once: the plain walk (no signature either)
+            return None
         sig = table.signature(head)
         heads: ByteBudgetCache
         key: tuple[Hashable, ...]
@@ -222,10 +227,6 @@ class TokenAutomaton:
             heads, key = self._heads, (head,)
         else:  # the signature table is part of the key: its ids mean nothing to another table
             heads, key = self.shared, ("head", self._vocab_key, walker.kind, table.signatures, sig)
-        if key not in heads and table.first_bytes(head).bit_count() < MIN_SPLIT_BYTES:
-            if key not in self._narrow_seen:  # a narrow head met once: the plain walk
-                self._narrow_seen.add(key)
-                return None
         walked = heads.get_or_make(key, lambda: walker.head(head))
         first = table.first_bytes(tail)
         nodes, group = heads.get_or_make((*key, first), lambda: walker.crossings(walked, first))

@@ -245,7 +245,7 @@ class StateCache:
             out.append(ng)
         self._store(new)
         if pairs:
-            arr = torch.as_tensor(pairs, dtype=torch.int64)
+            arr = np.array(pairs, dtype=np.int64)
             self.table.add_transitions(arr[:, 0], arr[:, 1], arr[:, 2])
         return out
 
@@ -272,9 +272,7 @@ class StateCache:
         if keep.any():
             sub = nxts[keep]
             targets = np.fromiter((glob[int(n)] for n in sub), dtype=np.int64, count=len(sub))
-            self.table.add_transitions(torch.full((len(sub),), gid, dtype=torch.int64),
-                                       torch.from_numpy(np.asarray(toks, dtype=np.int64)[keep]),
-                                       torch.from_numpy(targets))
+            self.table.add_transitions(np.full(len(sub), gid), np.asarray(toks)[keep], targets)
         if dflt is None:
             return []  # targets' rows are stored on first visit (see the module docstring)
         # after every exception is hashed: from now on no token of gid misses (bar new rows)

@@ -44,9 +44,9 @@ _HASH_MUL = 0x61C88647
 
 
 def _hash_np(keys: np.ndarray) -> np.ndarray:
-    """Home slot hash of packed keys (before masking by capacity); twin of `_slot_hash`."""
-    t = torch.from_numpy(keys)
-    return _hash_ref(t >> 32, t & MASK32).numpy()
+    """Home slot hash of packed keys (before masking by capacity); twin of `_slot_hash`. (The
+    same arithmetic as `_hash_ref`, on numpy arrays: an insert of a few keys costs microseconds.)"""
+    return _mix_ref(((keys >> 32) * _HASH_MUL & MASK32) ^ (keys & MASK32))  # type: ignore[arg-type, return-value]
 
 
 def _hash_ref(states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -265,29 +265,27 @@ class StateTable:
             self._grow_states(max(state, target) + 1)
         self.aliases[state] = int(target)
 
-    def add_transitions(self, states: torch.Tensor, tokens: torch.Tensor, next_states: torch.Tensor) -> None:
-        """Record (state, token) -> next_state for each element (later duplicates win)."""
-        s = torch.as_tensor(states).to("cpu", torch.int64).reshape(-1).numpy()
-        t = torch.as_tensor(tokens).to("cpu", torch.int64).reshape(-1).numpy()
-        v = torch.as_tensor(next_states).to("cpu", torch.int32).reshape(-1).numpy()
+    def add_transitions(self, states: object, tokens: object, next_states: object) -> None:
+        """Record (state, token) -> next_state for each element (later duplicates win); any
+        integer sequences, arrays or tensors of one length."""
+        s, t, v = (np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x, dtype=np.int64).reshape(-1)
+                   for x in (states, tokens, next_states))
         if s.size == 0:
             return
-        if (s < 0).any() or (t < 0).any() or (v < 0).any():
+        if min(s.min(), t.min(), v.min()) < 0:
             raise ValueError("states, tokens and next states must be >= 0")
         keys = (s << 32) | t
-        # keep the last occurrence of each key
-        _, last = np.unique(keys[::-1], return_index=True)
-        keep = keys.size - 1 - last
-        keys, v = keys[keep], v[keep]
+        if keys.size > 1:  # keep the last occurrence of each key
+            _, last = np.unique(keys[::-1], return_index=True)
+            if last.size < keys.size:
+                keep = keys.size - 1 - last
+                keys, v = keys[keep], v[keep]
         if 2 * (self.num_transitions + keys.size) > self.transition_capacity:
             self._rehash(_pow2(2 * (self.num_transitions + keys.size)))
-        touched = self._place(keys, v)
-        if touched is None:  # probe bound exceeded: double and re-place everything
+        touched = self._place(keys, v.astype(np.int32))
+        while touched is None:  # probe bound exceeded: double and re-place everything
             self._rehash(2 * self.transition_capacity)
-            touched = self._place(keys, v)
-            while touched is None:  # pragma: no cover - astronomically unlikely at load <= 1/2
-                self._rehash(2 * self.transition_capacity)
-                touched = self._place(keys, v)
+            touched = self._place(keys, v.astype(np.int32))
         if touched.size:  # one upload: slots, keys and values
             both = self._to_device(torch.from_numpy(np.stack(
                 (touched, self._keys_np[touched], self._values_np[touched].astype(np.int64)))))
@@ -298,41 +296,46 @@ class StateTable:
     def _place(self, keys: np.ndarray, values: np.ndarray) -> np.ndarray | None:
         """Insert into the host mirror; returns touched slots, or None if a key would land
         more than MAX_PROBE from home (the mirror is then left partially updated: rehash)."""
-        cap = self._keys_np.size
+        mask = self._keys_np.size - 1
+        table_keys, table_values = self._keys_np, self._values_np
         home = _hash_np(keys)
         touched = []
-        pending = np.zeros(keys.size, dtype=bool)  # keys to insert: not in the table
+        pending = []  # indices of keys to insert: not in the table
         search = np.arange(keys.size)  # keys that may be in the table further along their probe
         for p in range(MAX_PROBE):  # update keys already present
+            slot = (home[search] + p) & mask
+            found = table_keys[slot]
+            hit = found == keys[search]
+            if hit.any():
+                table_values[slot[hit]] = values[search[hit]]
+                touched.append(slot[hit])
+            empty = found == -1  # (no deletions: a key is never past an empty slot of its probe)
+            pending.append(search[empty])
+            search = search[~hit & ~empty]
             if search.size == 0:
                 break
-            slot = (home[search] + p) & (cap - 1)
-            found = self._keys_np[slot]
-            hit = found == keys[search]
-            self._values_np[slot[hit]] = values[search[hit]]
-            touched.append(slot[hit])
-            empty = found == -1  # (no deletions: a key is never past an empty slot of its probe)
-            pending[search[empty]] = True
-            search = search[~hit & ~empty]
         if search.size:  # neither found nor placeable within MAX_PROBE of home
             return None
-        new = 0
+        idx = np.concatenate(pending) if len(pending) > 1 else pending[0]
         for p in range(MAX_PROBE):
-            idx = np.nonzero(pending)[0]
             if idx.size == 0:
                 break
-            slot = (home[idx] + p) & (cap - 1)
-            empty = self._keys_np[slot] == -1
-            idx, slot = idx[empty], slot[empty]
-            slot, first = np.unique(slot, return_index=True)
-            idx = idx[first]
-            self._keys_np[slot] = keys[idx]
-            self._values_np[slot] = values[idx]
-            pending[idx] = False
+            slot = (home[idx] + p) & mask
+            free = table_keys[slot] == -1
+            place, slot, later = idx[free], slot[free], idx[~free]
+            if place.size > 1:  # keys meeting at one free slot: the first takes it, the others probe on
+                slot, first = np.unique(slot, return_index=True)
+                if first.size < place.size:
+                    lost = np.ones(place.size, dtype=bool)
+                    lost[first] = False
+                    later = np.concatenate((later, place[lost]))
+                place = place[first]
+            table_keys[slot] = keys[place]
+            table_values[slot] = values[place]
             touched.append(slot)
-            new += idx.size
-        self.num_transitions += new
-        if pending.any():
+            self.num_transitions += place.size
+            idx = later
+        if idx.size:
             return None
         return np.concatenate(touched) if touched else np.zeros(0, dtype=np.int64)
 
