@@ -207,6 +207,8 @@ class GraphRunner:
     def sample(self, rows: int, mode: str, table: StateTable | None = None, filtered: bool = False) -> None:
         """Sample rows ``0..rows-1`` from ``self.logits``; outputs in ``self.out``, inputs advanced."""
         self._check_table(table)
+        if table is not None:
+            table.flush()  # a replayed graph reads the table's tensors without asking the table
         self._run(self._sample_key(rows, mode, filtered), lambda: self._sample(rows, mode, table, filtered))
 
     @staticmethod
@@ -226,6 +228,8 @@ class GraphRunner:
         if not self.use_graphs:
             return
         self._check_table(table)
+        if table is not None:
+            table.flush()  # (nothing may upload inside a capture)
         key = self._sample_key(rows, mode, filtered)
         if key not in self._graphs:
             self._graphs[key] = self._capture(lambda: self._sample(rows, mode, table, filtered))

@@ -26,6 +26,14 @@ graph must then be captured again; `reserve()` up front avoids that in steady st
 State ids are used directly as row indices, so they should be dense small integers (the lazy
 compiler hands them out in order). Inserts are computed on a host mirror of the key array and
 only the touched slots are copied to the device: the host already holds the new state then.
+
+Inserts are staged on the host and reach the device together (``flush``: one upload of one int32
+buffer, one kernel writing rows, keys, values, defaults and aliases; `_apply_kernel` and its twin
+`apply_updates_ref`). Why: an engine step that resolves misses inserts rows, keys and a default
+or two; as separate uploads and indexed writes that was ten device operations, each 20-70 us of
+host time on the H200's host while a forward is queued (``add_transitions`` of one key: 440 us).
+Every read of the device tensors through this class flushes first; a captured CUDA graph reads
+them directly, so its replayer calls ``flush()`` before replaying (``GraphRunner.sample``).
 """
 
 from __future__ import annotations
@@ -40,6 +48,9 @@ if HAS_TRITON:
     from ._common import _mix
 
 MAX_PROBE = 8
+# targets of a staged entry (target, index, low, high): keys[index] = high << 32 | low (unsigned),
+# values / defaults / aliases[index] = low
+_KEY, _VALUE, _DEFAULT, _ALIAS = 0, 1, 2, 3
 _HASH_MUL = 0x61C88647
 
 
@@ -148,6 +159,66 @@ if HAS_TRITON:
         tl.store(miss_ptr + offs, miss.to(tl.int8), mask=inb)
 
 
+def apply_updates_ref(buf: torch.Tensor, n_rows: int, n_sets: int, masks: torch.Tensor, present: torch.Tensor,
+                      keys: torch.Tensor, values: torch.Tensor, defaults: torch.Tensor, aliases: torch.Tensor) -> None:
+    """Twin of `_apply_kernel`: ``buf`` (int32) holds ``n_rows`` row ids, their rows, then
+    ``n_sets`` entries (target, index, low, high); indices are distinct per target."""
+    words = masks.shape[1]
+    ids = buf[:n_rows].long()
+    masks[ids] = buf[n_rows: n_rows * (1 + words)].view(n_rows, words)
+    present[ids] = 1
+    ents = buf[n_rows * (1 + words):].view(n_sets, 4).long()
+    target, index, low, high = ents.unbind(1)
+    for t, dst in ((_VALUE, values), (_DEFAULT, defaults), (_ALIAS, aliases)):
+        sel = target == t
+        dst[index[sel]] = low[sel].to(dst.dtype)
+    sel = target == _KEY
+    keys[index[sel]] = high[sel] << 32 | low[sel] & MASK32
+
+
+def apply_updates(buf: torch.Tensor, n_rows: int, n_sets: int, masks: torch.Tensor, present: torch.Tensor,
+                  keys: torch.Tensor, values: torch.Tensor, defaults: torch.Tensor, aliases: torch.Tensor) -> None:
+    """Write staged rows and entries (layout: `apply_updates_ref`) into the table's tensors."""
+    if not use_triton(buf):
+        apply_updates_ref(buf, n_rows, n_sets, masks, present, keys, values, defaults, aliases)
+        return
+    block = 1024
+    grid = (n_rows + triton.cdiv(n_sets, block),)
+    if grid[0]:
+        _apply_kernel[grid](buf, n_rows, n_sets, masks.shape[1], masks, present, keys, values, defaults, aliases,
+                            BLOCK=block, num_warps=4)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _apply_kernel(buf_ptr, n_rows, n_sets, words, masks_ptr, present_ptr, keys_ptr, values_ptr, defaults_ptr,
+                      aliases_ptr, BLOCK: tl.constexpr):
+        """Programs ``0..n_rows-1`` copy one mask row each; the rest write BLOCK entries each."""
+        pid = tl.program_id(0)
+        if pid < n_rows:
+            row = tl.load(buf_ptr + pid).to(tl.int64)
+            src = buf_ptr + n_rows + pid.to(tl.int64) * words
+            for start in range(0, words, BLOCK):
+                cols = start + tl.arange(0, BLOCK)
+                inb = cols < words
+                tl.store(masks_ptr + row * words + cols, tl.load(src + cols, mask=inb), mask=inb)
+            tl.store(present_ptr + row, 1)
+        else:
+            i = (pid - n_rows) * BLOCK + tl.arange(0, BLOCK)
+            inb = i < n_sets
+            ent = buf_ptr + n_rows.to(tl.int64) * (1 + words) + 4 * i.to(tl.int64)
+            target = tl.load(ent, mask=inb, other=-1)
+            index = tl.load(ent + 1, mask=inb, other=0).to(tl.int64)
+            low = tl.load(ent + 2, mask=inb, other=0)
+            high = tl.load(ent + 3, mask=inb, other=0)
+            key = (high.to(tl.int64) << 32) | low.to(tl.uint32, bitcast=True).to(tl.int64)
+            tl.store(keys_ptr + index, key, mask=inb & (target == 0))
+            tl.store(values_ptr + index, low, mask=inb & (target == 1))
+            tl.store(defaults_ptr + index, low, mask=inb & (target == 2))
+            tl.store(aliases_ptr + index, low, mask=inb & (target == 3))
+
+
 class StateTable:
     """Per compiled grammar: mask rows of states seen so far and their transitions, on the GPU."""
 
@@ -161,27 +232,66 @@ class StateTable:
         self.words = int(mask_words)
         self.device = torch.device(device)
         self.generation = 0
-        self.masks = torch.zeros(_pow2(state_capacity), self.words, dtype=torch.int32, device=self.device)
-        self.present = torch.zeros(self.masks.shape[0], dtype=torch.int8, device=self.device)
-        self.defaults = torch.full((self.masks.shape[0],), -1, dtype=torch.int32, device=self.device)
-        self.aliases = torch.full_like(self.defaults, -1)
+        self._masks = torch.zeros(_pow2(state_capacity), self.words, dtype=torch.int32, device=self.device)
+        self._present = torch.zeros(self._masks.shape[0], dtype=torch.int8, device=self.device)
+        self._defaults = torch.full((self._masks.shape[0],), -1, dtype=torch.int32, device=self.device)
+        self._aliases = torch.full_like(self._defaults, -1)
+        self._staged_rows: list[tuple[np.ndarray, np.ndarray]] = []  # (ids, rows) not on the device yet
+        self._staged_sets: list[np.ndarray] = []  # (n, 4) int32 entries (target, index, low, high)
         self._alloc_slots(_pow2(max(transition_capacity, 16)))
+
+    # ---- device tensors (each read flushes the staged inserts first) -------------------------
+    @property
+    def masks(self) -> torch.Tensor:
+        """int32 (state_capacity, words): row s is the bitmask of state s."""
+        self.flush()
+        return self._masks
+
+    @property
+    def present(self) -> torch.Tensor:
+        """int8 (state_capacity,): which rows are filled."""
+        self.flush()
+        return self._present
+
+    @property
+    def defaults(self) -> torch.Tensor:
+        """int32 (state_capacity,): each state's default next state, -1 = none."""
+        self.flush()
+        return self._defaults
+
+    @property
+    def aliases(self) -> torch.Tensor:
+        """int32 (state_capacity,): the state whose transitions a row leaves by, -1 = its own."""
+        self.flush()
+        return self._aliases
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """int64 (slots,): (state << 32) | token, -1 = empty."""
+        self.flush()
+        return self._keys
+
+    @property
+    def values(self) -> torch.Tensor:
+        """int32 (slots,): the next state of the key in the same slot."""
+        self.flush()
+        return self._values
 
     # ---- capacity -------------------------------------------------------------------------
     @property
     def state_capacity(self) -> int:
-        return self.masks.shape[0]
+        return self._masks.shape[0]
 
     @property
     def transition_capacity(self) -> int:
-        return self.keys.numel()
+        return self._keys.numel()
 
     def _alloc_slots(self, cap: int) -> None:
         self.num_transitions = 0
         self._keys_np = np.full(cap, -1, dtype=np.int64)
         self._values_np = np.full(cap, -1, dtype=np.int32)
-        self.keys = torch.full((cap,), -1, dtype=torch.int64, device=self.device)
-        self.values = torch.full((cap,), -1, dtype=torch.int32, device=self.device)
+        self._keys = torch.full((cap,), -1, dtype=torch.int64, device=self.device)
+        self._values = torch.full((cap,), -1, dtype=torch.int32, device=self.device)
 
     def reserve(self, states: int = 0, transitions: int = 0) -> None:
         """Grow ahead of time so steady-state decoding never reallocates (keeps graphs valid)."""
@@ -194,13 +304,13 @@ class StateTable:
         cap = _pow2(max(need, 2 * self.state_capacity))
         masks = torch.zeros(cap, self.words, dtype=torch.int32, device=self.device)
         present = torch.zeros(cap, dtype=torch.int8, device=self.device)
-        masks[: self.state_capacity] = self.masks
-        present[: self.state_capacity] = self.present
+        masks[: self.state_capacity] = self._masks
+        present[: self.state_capacity] = self._present
         defaults = torch.full((cap,), -1, dtype=torch.int32, device=self.device)
-        defaults[: self.state_capacity] = self.defaults
+        defaults[: self.state_capacity] = self._defaults
         aliases = torch.full_like(defaults, -1)
-        aliases[: self.state_capacity] = self.aliases
-        self.masks, self.present, self.defaults, self.aliases = masks, present, defaults, aliases
+        aliases[: self.state_capacity] = self._aliases
+        self._masks, self._present, self._defaults, self._aliases = masks, present, defaults, aliases
         self.generation += 1
 
     def _rehash(self, cap: int) -> None:
@@ -211,65 +321,51 @@ class StateTable:
             if self._place(keys, values) is not None:
                 break
             cap *= 2
-        self.keys.copy_(torch.from_numpy(self._keys_np), non_blocking=True)
-        self.values.copy_(torch.from_numpy(self._values_np), non_blocking=True)
+        self._keys.copy_(torch.from_numpy(self._keys_np), non_blocking=True)
+        self._values.copy_(torch.from_numpy(self._values_np), non_blocking=True)
+        # the host mirror is whole again: staged key and value entries named the old slots
+        self._staged_sets = [e[e[:, 0] >= _DEFAULT] for e in self._staged_sets]
         self.generation += 1
 
-    # ---- host inserts ---------------------------------------------------------------------
-    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
-        """``host`` on the table's device without waiting for the stream (``to_device``):
-        inserts run while a forward is in flight (the engine resolves misses then), and a
-        blocking copy would hold the host until that forward ends, exposing all the host work
-        after it."""
-        return to_device(host, host.dtype, self.device)
-
+    # ---- host inserts (staged; ``flush`` moves them to the device) ---------------------------
     def add_state(self, state_id: int, mask_words: torch.Tensor) -> None:
         """Store the mask row (int32 words) of one state."""
         self.add_states(torch.tensor([state_id]), mask_words.reshape(1, -1))
 
-    def add_states(self, state_ids: torch.Tensor, mask_rows: torch.Tensor) -> None:
-        """Store mask rows (n, words) int32 for states `state_ids` (n,)."""
-        ids = torch.as_tensor(state_ids).to(torch.int64).reshape(-1)
-        if ids.numel() == 0:
+    def add_states(self, state_ids: object, mask_rows: object) -> None:
+        """Store mask rows (n, words) int32 for states `state_ids` (n,) (later duplicates win)."""
+        ids = _host_array(state_ids, np.int64).reshape(-1)
+        if ids.size == 0:
             return
-        rows = torch.as_tensor(mask_rows).to(torch.int32).reshape(ids.numel(), self.words)
+        rows = _host_array(mask_rows, np.int32).reshape(ids.size, self.words)
         if int(ids.min()) < 0:
             raise ValueError("state ids must be >= 0")
         need = int(ids.max()) + 1
         if need > self.state_capacity:
             self._grow_states(need)
-        # one upload: the ids ride in a column before the rows
-        both = self._to_device(torch.cat((ids.to(torch.int32).unsqueeze(1), rows), dim=1))
-        ids = both[:, 0].long()
-        self.masks[ids] = both[:, 1:]
-        # index_fill_, not ``present[ids] = 1``: that copies the 1 from the host in a way that
-        # waits for the stream, so every insert waited for the forward in flight (10.6 ms on the
-        # H200 behind 1 ms of queued work, against 13-18 us for the mask rows' own write)
-        self.present.index_fill_(0, ids, 1)
+        self._staged_rows.append((ids.astype(np.int32), rows))
 
     def set_default(self, state: int, next_state: int) -> None:
         """Every token of `state` that has no key in the hash leads to `next_state`. Call only
         after all of `state`'s other transitions were added (a lookup never misses it again)."""
-        if state < 0 or next_state < 0:
-            raise ValueError("states must be >= 0")
-        if max(state, next_state) >= self.state_capacity:
-            self._grow_states(max(state, next_state) + 1)
-        self.defaults[state] = int(next_state)
+        self._set(_DEFAULT, state, next_state)
 
     def set_alias(self, state: int, target: int) -> None:
         """Row `state` leaves by `target`'s transitions (and default) from now on; its own mask
         row stays what `add_states` stored. `target` must not have an alias itself."""
-        if state < 0 or target < 0:
+        self._set(_ALIAS, state, target)
+
+    def _set(self, target: int, state: int, value: int) -> None:
+        if state < 0 or value < 0:
             raise ValueError("states must be >= 0")
-        if max(state, target) >= self.state_capacity:
-            self._grow_states(max(state, target) + 1)
-        self.aliases[state] = int(target)
+        if max(state, value) >= self.state_capacity:
+            self._grow_states(max(state, value) + 1)
+        self._staged_sets.append(np.array([[target, state, value, 0]], dtype=np.int32))
 
     def add_transitions(self, states: object, tokens: object, next_states: object) -> None:
         """Record (state, token) -> next_state for each element (later duplicates win); any
         integer sequences, arrays or tensors of one length."""
-        s, t, v = (np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x, dtype=np.int64).reshape(-1)
-                   for x in (states, tokens, next_states))
+        s, t, v = (_host_array(x, np.int64).reshape(-1) for x in (states, tokens, next_states))
         if s.size == 0:
             return
         if min(s.min(), t.min(), v.min()) < 0:
@@ -286,12 +382,40 @@ class StateTable:
         while touched is None:  # probe bound exceeded: double and re-place everything
             self._rehash(2 * self.transition_capacity)
             touched = self._place(keys, v.astype(np.int32))
-        if touched.size:  # one upload: slots, keys and values
-            both = self._to_device(torch.from_numpy(np.stack(
-                (touched, self._keys_np[touched], self._values_np[touched].astype(np.int64)))))
-            idx = both[0]
-            self.keys[idx] = both[1]
-            self.values[idx] = both[2].to(torch.int32)
+        if touched.size:  # a key entry and a value entry per touched slot
+            k = self._keys_np[touched]
+            ents = np.empty((2 * touched.size, 4), dtype=np.int32)
+            ents[0::2, 0], ents[1::2, 0] = _KEY, _VALUE
+            ents[:, 1] = np.repeat(touched, 2)
+            ents[0::2, 2] = (k & MASK32).astype(np.uint32).view(np.int32)
+            ents[0::2, 3] = k >> 32
+            ents[1::2, 2] = self._values_np[touched]
+            ents[1::2, 3] = 0
+            self._staged_sets.append(ents)
+
+    def flush(self) -> None:
+        """Apply the staged inserts on the device: one upload, one kernel (queued, no wait)."""
+        if not (self._staged_rows or self._staged_sets):
+            return
+        rows, self._staged_rows = self._staged_rows, []
+        sets, self._staged_sets = self._staged_sets, []
+        ids = np.concatenate([r[0] for r in rows]) if rows else np.zeros(0, np.int32)
+        words = np.concatenate([r[1] for r in rows]) if rows else np.zeros((0, self.words), np.int32)
+        ents = np.concatenate(sets) if sets else np.zeros((0, 4), np.int32)
+        if len(rows) > 1 or len(ids) > 1:  # the last write of a row wins (one kernel writes all at once)
+            _, last = np.unique(ids[::-1], return_index=True)
+            if last.size < ids.size:
+                keep = np.sort(ids.size - 1 - last)
+                ids, words = ids[keep], words[keep]
+        if len(ents) > 1:  # ... and of an entry
+            where = ents[:, 0].astype(np.int64) << 32 | ents[:, 1].astype(np.int64)
+            _, last = np.unique(where[::-1], return_index=True)
+            if last.size < where.size:
+                ents = ents[np.sort(where.size - 1 - last)]
+        # queued behind the stream's work (``to_device``): the engine inserts while a forward runs
+        buf = to_device(torch.from_numpy(np.concatenate((ids, words.reshape(-1), ents.reshape(-1)))), torch.int32, self.device)
+        apply_updates(buf, ids.size, len(ents), self._masks, self._present, self._keys, self._values,
+                      self._defaults, self._aliases)
 
     def _place(self, keys: np.ndarray, values: np.ndarray) -> np.ndarray | None:
         """Insert into the host mirror; returns touched slots, or None if a key would land
@@ -367,6 +491,11 @@ class StateTable:
         states = states.to(self.device).long()
         rows = self.masks[states.clamp(min=0)]
         return torch.where((states < 0)[:, None], torch.full_like(rows, -1), rows)
+
+
+def _host_array(x: object, dtype: type) -> np.ndarray:
+    """Integer sequences, arrays or tensors (any device) as a host array of ``dtype``."""
+    return np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x, dtype=dtype)
 
 
 def _pow2(n: int) -> int:

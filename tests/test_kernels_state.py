@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
-from support.kernels import DEVICE, needs_kernels
+from support.kernels import DEVICE, needs_kernels, rand_words
 
 from constrain.kernels import StateTable, advance_ref
+from constrain.kernels.state_table import apply_updates, apply_updates_ref
 
 
 def _check(table: StateTable, truth: dict[tuple[int, int], int], present: set[int], g: torch.Generator) -> None:
@@ -99,3 +100,59 @@ def test_alias_leaves_by_its_targets_transitions() -> None:
     assert out.tolist() == [5, 6, 4, 4, 7, -1, 7, -1]
     assert miss.tolist() == [False, False, False, False, False, True, False, False]
     assert table.gather_masks(torch.tensor([9])).tolist() == [[3, 3, 3, 3]]
+
+
+@needs_kernels
+def test_apply_kernel_equals_its_twin() -> None:
+    """Staged rows and entries written by the kernel == by the torch twin, every target."""
+    g = torch.Generator().manual_seed(1)
+    words, states, slots = 37, 64, 256
+    ids = torch.randperm(states, generator=g)[:9].to(torch.int32)
+    rows = rand_words((9, words), g)
+    n = 40
+    target = torch.randint(0, 4, (n,), generator=g)
+    index = torch.randperm(states, generator=g).repeat(4)[:n]  # distinct per target: slots < states here
+    low, high = rand_words((n,), g), torch.randint(0, 2**31 - 1, (n,), generator=g, dtype=torch.int32)
+    buf = torch.cat((ids, rows.reshape(-1), torch.stack((target.to(torch.int32), index.to(torch.int32), low, high), 1).reshape(-1)))
+
+    def fresh() -> list[torch.Tensor]:
+        return [torch.zeros(states, words, dtype=torch.int32, device=DEVICE), torch.zeros(states, dtype=torch.int8, device=DEVICE),
+                torch.full((slots,), -1, dtype=torch.int64, device=DEVICE), torch.full((slots,), -1, dtype=torch.int32, device=DEVICE),
+                torch.full((states,), -1, dtype=torch.int32, device=DEVICE), torch.full((states,), -1, dtype=torch.int32, device=DEVICE)]
+
+    got, want = fresh(), fresh()
+    apply_updates(buf.to(DEVICE), 9, n, *got)
+    apply_updates_ref(buf.to(DEVICE), 9, n, *want)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    keys = want[2]
+    sel = target == 0
+    assert keys[index[sel]].tolist() == [(h << 32) | (lo & 0xFFFFFFFF) for h, lo in zip(high[sel].tolist(), low[sel].tolist())]
+
+
+def test_staged_inserts_equal_immediate_ones() -> None:
+    """Inserts flushed once at the end (growth, a rehash and rewrites in between: the last write
+    wins) leave the device tensors exactly as flushing after every insert does."""
+    g = torch.Generator().manual_seed(2)
+    tables = [StateTable(3, device=DEVICE, state_capacity=2, transition_capacity=16) for _ in range(2)]
+    for step in range(30):
+        ops = [("rows", torch.randint(0, 40, (3,), generator=g), rand_words((3, 3), g)),
+               ("keys", torch.randint(0, 40, (7,), generator=g), torch.randint(0, 500, (7,), generator=g),
+                torch.randint(0, 40, (7,), generator=g)),
+               ("default", step % 13, step % 7), ("alias", 40 + step % 5, step % 11)]
+        for k, table in enumerate(tables):
+            for op in ops:
+                if op[0] == "rows":
+                    table.add_states(op[1], op[2])
+                elif op[0] == "keys":
+                    table.add_transitions(op[1], op[2], op[3])
+                elif op[0] == "default":
+                    table.set_default(op[1], op[2])
+                else:
+                    table.set_alias(op[1], op[2])
+                if k == 0:
+                    table.flush()
+    a, b = tables
+    assert a.generation == b.generation and a.generation > 0
+    for name in ("masks", "present", "keys", "values", "defaults", "aliases"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
