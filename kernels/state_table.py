@@ -185,16 +185,20 @@ def apply_updates(buf: torch.Tensor, n_rows: int, n_sets: int, masks: torch.Tens
     block = 1024
     grid = (n_rows + triton.cdiv(n_sets, block),)
     if grid[0]:
-        _apply_kernel[grid](buf, n_rows, n_sets, masks.shape[1], masks, present, keys, values, defaults, aliases,
-                            BLOCK=block, num_warps=4)
+        words = masks.shape[1]
+        _apply_kernel[grid](buf, n_rows, n_rows * (1 + words), n_sets, words, masks, present, keys, values, defaults,
+                            aliases, BLOCK=block, num_warps=4)
 
 
 if HAS_TRITON:
 
-    @triton.jit
-    def _apply_kernel(buf_ptr, n_rows, n_sets, words, masks_ptr, present_ptr, keys_ptr, values_ptr, defaults_ptr,
+    # Counts change every flush: specialising on them (a value of 1, multiples of 16) would compile
+    # a variant of the kernel inside the decode loop the first time each one is met.
+    @triton.jit(do_not_specialize=["n_rows", "sets_at", "n_sets"])
+    def _apply_kernel(buf_ptr, n_rows, sets_at, n_sets, words, masks_ptr, present_ptr, keys_ptr, values_ptr, defaults_ptr,
                       aliases_ptr, BLOCK: tl.constexpr):
-        """Programs ``0..n_rows-1`` copy one mask row each; the rest write BLOCK entries each."""
+        """Programs ``0..n_rows-1`` copy one mask row each; the rest write BLOCK entries each (from
+        ``sets_at`` on)."""
         pid = tl.program_id(0)
         if pid < n_rows:
             row = tl.load(buf_ptr + pid).to(tl.int64)
@@ -207,7 +211,7 @@ if HAS_TRITON:
         else:
             i = (pid - n_rows) * BLOCK + tl.arange(0, BLOCK)
             inb = i < n_sets
-            ent = buf_ptr + n_rows.to(tl.int64) * (1 + words) + 4 * i.to(tl.int64)
+            ent = buf_ptr + sets_at + 4 * i
             target = tl.load(ent, mask=inb, other=-1)
             index = tl.load(ent + 1, mask=inb, other=0).to(tl.int64)
             low = tl.load(ent + 2, mask=inb, other=0)
