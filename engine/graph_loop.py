@@ -56,6 +56,7 @@ class GraphStep:
         self._hosted = [False] * n  # the row's GPU state is its scratch row, not a table state
         self._filtered = [False] * n  # the row samples with top-k or top-p
         self._pending: list[tuple[int, Row, int, int]] = []  # (row, seq, state, token) misses (row -1: learn only)
+        self._patches: dict[int, int] = {}  # row -> GPU state to write before the next sample (``_patch``)
         self._out: list[list[int]] = [[], [], []]  # the last step's tokens, states after, miss flags
         self._codes: list[int] = []  # the last step's ``Scheduler.outcomes``
         self._verified = False  # the last step was a speculative one
@@ -108,7 +109,9 @@ class GraphStep:
             self._prefill(new, n_old)
         constrained = self._prepare_masks(batch, scheduler)
         filtered = any(self._filtered[:len(batch)])
-        run.sample(batch_bucket(len(batch)), "table" if constrained else "none", self.cache.table, filtered)
+        patches, self._patches = self._patches, {}
+        run.sample(batch_bucket(len(batch)), "table" if constrained else "none", self.cache.table, filtered,
+                   (list(patches), list(patches.values())))
         self.steps += 1
         tokens, states, miss = self._out = run.fetch(len(batch)).tolist()
         self._codes = scheduler.outcomes(batch, tokens, states)  # states: -1 where the table missed
@@ -187,6 +190,8 @@ class GraphStep:
         run.temperature[rows], run.top_p[rows] = self._upload(
             [[p.temperature for p in params], [p.top_p for p in params]], torch.float32)
         run.draws[rows] = 0
+        for i in range(lo, hi):  # the prefill writes these rows' states itself
+            self._patches.pop(i, None)
         states = []
         for i, s in enumerate(new, lo):
             grammar = s.request.grammar
@@ -297,10 +302,10 @@ class GraphStep:
         self._patch(rows, [self._gid[r] for r in rows])
 
     def _patch(self, rows: list[int], states: list[int]) -> None:
-        """GPU states of ``rows`` <- ``states``, queued behind the forward."""
-        if rows:
-            idx, val = self._upload([rows, states], torch.int32)
-            self.runner.states[idx] = val
+        """GPU states of ``rows`` <- ``states`` before the next sample reads them: written with the
+        table's staged inserts (``GraphRunner.sample``), one upload for both. Until then a move of
+        rows carries a row's patch along (``move_rows``) and a prefill's own states replace it."""
+        self._patches.update(zip(rows, states))
 
     def _upload(self, lists: Sequence[object], dtype: torch.dtype = torch.int64) -> torch.Tensor:
         """Equal-length host lists as one device tensor, queued (``kernels.to_device``): the
@@ -313,4 +318,10 @@ class GraphStep:
             self._ahead = None  # its rows moved slots
         for src, dst, _ in moves:
             self._gid[dst], self._hosted[dst], self._filtered[dst] = self._gid[src], self._hosted[src], self._filtered[src]
+        # patches follow their rows: a moved row's goes with it, a vacated or parked row's is dropped
+        moved = {src: dst for src, dst, _ in moves}
+        patches = {moved[r]: g for r, g in self._patches.items() if r in moved}
+        gone = set(moved.values())
+        patches.update((r, g) for r, g in self._patches.items() if r not in moved and r not in gone and r < live)
+        self._patches = patches
         self.runner.move_rows(moves, live)

@@ -204,11 +204,17 @@ class GraphRunner:
         return logits.view(width, rows, -1)[:need, :n].transpose(0, 1)
 
     @torch.inference_mode()
-    def sample(self, rows: int, mode: str, table: StateTable | None = None, filtered: bool = False) -> None:
-        """Sample rows ``0..rows-1`` from ``self.logits``; outputs in ``self.out``, inputs advanced."""
+    def sample(self, rows: int, mode: str, table: StateTable | None = None, filtered: bool = False,
+               states: tuple[list[int], list[int]] | None = None) -> None:
+        """Sample rows ``0..rows-1`` from ``self.logits``; outputs in ``self.out``, inputs advanced.
+        ``states``: (rows, states) to write into the rows' constraint states first, with the
+        table's staged inserts (one upload for both)."""
         self._check_table(table)
-        if table is not None:
-            table.flush()  # a replayed graph reads the table's tensors without asking the table
+        if table is not None:  # a replayed graph reads the table's tensors without asking the table
+            table.flush(None if states is None else (self.states, *states))
+        elif states is not None and states[0]:
+            idx, val = to_device(list(states), torch.int64, self.device)
+            self.states[idx] = val.to(torch.int32)
         self._run(self._sample_key(rows, mode, filtered), lambda: self._sample(rows, mode, table, filtered))
 
     @staticmethod

@@ -38,6 +38,8 @@ them directly, so its replayer calls ``flush()`` before replaying (``GraphRunner
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -49,8 +51,8 @@ if HAS_TRITON:
 
 MAX_PROBE = 8
 # targets of a staged entry (target, index, low, high): keys[index] = high << 32 | low (unsigned),
-# values / defaults / aliases[index] = low
-_KEY, _VALUE, _DEFAULT, _ALIAS = 0, 1, 2, 3
+# values / defaults / aliases / the flush's ``into`` tensor [index] = low
+_KEY, _VALUE, _DEFAULT, _ALIAS, _INTO = 0, 1, 2, 3, 4
 _HASH_MUL = 0x61C88647
 
 
@@ -160,7 +162,8 @@ if HAS_TRITON:
 
 
 def apply_updates_ref(buf: torch.Tensor, n_rows: int, n_sets: int, masks: torch.Tensor, present: torch.Tensor,
-                      keys: torch.Tensor, values: torch.Tensor, defaults: torch.Tensor, aliases: torch.Tensor) -> None:
+                      keys: torch.Tensor, values: torch.Tensor, defaults: torch.Tensor, aliases: torch.Tensor,
+                      into: torch.Tensor) -> None:
     """Twin of `_apply_kernel`: ``buf`` (int32) holds ``n_rows`` row ids, their rows, then
     ``n_sets`` entries (target, index, low, high); indices are distinct per target."""
     words = masks.shape[1]
@@ -169,7 +172,7 @@ def apply_updates_ref(buf: torch.Tensor, n_rows: int, n_sets: int, masks: torch.
     present[ids] = 1
     ents = buf[n_rows * (1 + words):].view(n_sets, 4).long()
     target, index, low, high = ents.unbind(1)
-    for t, dst in ((_VALUE, values), (_DEFAULT, defaults), (_ALIAS, aliases)):
+    for t, dst in ((_VALUE, values), (_DEFAULT, defaults), (_ALIAS, aliases), (_INTO, into)):
         sel = target == t
         dst[index[sel]] = low[sel].to(dst.dtype)
     sel = target == _KEY
@@ -177,17 +180,19 @@ def apply_updates_ref(buf: torch.Tensor, n_rows: int, n_sets: int, masks: torch.
 
 
 def apply_updates(buf: torch.Tensor, n_rows: int, n_sets: int, masks: torch.Tensor, present: torch.Tensor,
-                  keys: torch.Tensor, values: torch.Tensor, defaults: torch.Tensor, aliases: torch.Tensor) -> None:
-    """Write staged rows and entries (layout: `apply_updates_ref`) into the table's tensors."""
+                  keys: torch.Tensor, values: torch.Tensor, defaults: torch.Tensor, aliases: torch.Tensor,
+                  into: torch.Tensor) -> None:
+    """Write staged rows and entries (layout: `apply_updates_ref`) into the table's tensors and
+    ``into`` (an int32 tensor of the caller's)."""
     if not use_triton(buf):
-        apply_updates_ref(buf, n_rows, n_sets, masks, present, keys, values, defaults, aliases)
+        apply_updates_ref(buf, n_rows, n_sets, masks, present, keys, values, defaults, aliases, into)
         return
     block = 1024
     grid = (n_rows + triton.cdiv(n_sets, block),)
     if grid[0]:
         words = masks.shape[1]
         _apply_kernel[grid](buf, n_rows, n_rows * (1 + words), n_sets, words, masks, present, keys, values, defaults,
-                            aliases, BLOCK=block, num_warps=4)
+                            aliases, into, BLOCK=block, num_warps=4)
 
 
 if HAS_TRITON:
@@ -196,7 +201,7 @@ if HAS_TRITON:
     # a variant of the kernel inside the decode loop the first time each one is met.
     @triton.jit(do_not_specialize=["n_rows", "sets_at", "n_sets"])
     def _apply_kernel(buf_ptr, n_rows, sets_at, n_sets, words, masks_ptr, present_ptr, keys_ptr, values_ptr, defaults_ptr,
-                      aliases_ptr, BLOCK: tl.constexpr):
+                      aliases_ptr, into_ptr, BLOCK: tl.constexpr):
         """Programs ``0..n_rows-1`` copy one mask row each; the rest write BLOCK entries each (from
         ``sets_at`` on)."""
         pid = tl.program_id(0)
@@ -221,6 +226,7 @@ if HAS_TRITON:
             tl.store(values_ptr + index, low, mask=inb & (target == 1))
             tl.store(defaults_ptr + index, low, mask=inb & (target == 2))
             tl.store(aliases_ptr + index, low, mask=inb & (target == 3))
+            tl.store(into_ptr + index, low, mask=inb & (target == 4))
 
 
 class StateTable:
@@ -397,8 +403,16 @@ class StateTable:
             ents[1::2, 3] = 0
             self._staged_sets.append(ents)
 
-    def flush(self) -> None:
-        """Apply the staged inserts on the device: one upload, one kernel (queued, no wait)."""
+    def flush(self, into: tuple[torch.Tensor, Sequence[int], Sequence[int]] | None = None) -> None:
+        """Apply the staged inserts on the device: one upload, one kernel (queued, no wait).
+        ``into = (tensor, indices, values)``: int32 writes of the caller's riding along (an
+        engine's per-row states, patched before the sample that reads them)."""
+        if into is not None and len(into[1]):
+            ents = np.zeros((len(into[1]), 4), dtype=np.int32)
+            ents[:, 0] = _INTO
+            ents[:, 1] = into[1]
+            ents[:, 2] = into[2]
+            self._staged_sets.append(ents)
         if not (self._staged_rows or self._staged_sets):
             return
         rows, self._staged_rows = self._staged_rows, []
@@ -419,7 +433,7 @@ class StateTable:
         # queued behind the stream's work (``to_device``): the engine inserts while a forward runs
         buf = to_device(torch.from_numpy(np.concatenate((ids, words.reshape(-1), ents.reshape(-1)))), torch.int32, self.device)
         apply_updates(buf, ids.size, len(ents), self._masks, self._present, self._keys, self._values,
-                      self._defaults, self._aliases)
+                      self._defaults, self._aliases, self._aliases if into is None else into[0])
 
     def _place(self, keys: np.ndarray, values: np.ndarray) -> np.ndarray | None:
         """Insert into the host mirror; returns touched slots, or None if a key would land

@@ -104,21 +104,23 @@ def test_alias_leaves_by_its_targets_transitions() -> None:
 
 @needs_kernels
 def test_apply_kernel_equals_its_twin() -> None:
-    """Staged rows and entries written by the kernel == by the torch twin, every target."""
+    """Staged rows and entries written by the kernel == by the torch twin, every target (the
+    flush's ``into`` tensor included)."""
     g = torch.Generator().manual_seed(1)
     words, states, slots = 37, 64, 256
     ids = torch.randperm(states, generator=g)[:9].to(torch.int32)
     rows = rand_words((9, words), g)
     n = 40
-    target = torch.randint(0, 4, (n,), generator=g)
-    index = torch.randperm(states, generator=g).repeat(4)[:n]  # distinct per target: slots < states here
+    target = torch.randint(0, 5, (n,), generator=g)  # keys, values, defaults, aliases, the caller's tensor
+    index = torch.randperm(states, generator=g)[:n]  # distinct (so per target); slots < states here
     low, high = rand_words((n,), g), torch.randint(0, 2**31 - 1, (n,), generator=g, dtype=torch.int32)
     buf = torch.cat((ids, rows.reshape(-1), torch.stack((target.to(torch.int32), index.to(torch.int32), low, high), 1).reshape(-1)))
 
     def fresh() -> list[torch.Tensor]:
         return [torch.zeros(states, words, dtype=torch.int32, device=DEVICE), torch.zeros(states, dtype=torch.int8, device=DEVICE),
                 torch.full((slots,), -1, dtype=torch.int64, device=DEVICE), torch.full((slots,), -1, dtype=torch.int32, device=DEVICE),
-                torch.full((states,), -1, dtype=torch.int32, device=DEVICE), torch.full((states,), -1, dtype=torch.int32, device=DEVICE)]
+                torch.full((states,), -1, dtype=torch.int32, device=DEVICE), torch.full((states,), -1, dtype=torch.int32, device=DEVICE),
+                torch.full((states,), -1, dtype=torch.int32, device=DEVICE)]
 
     got, want = fresh(), fresh()
     apply_updates(buf.to(DEVICE), 9, n, *got)
