@@ -124,6 +124,8 @@ def main() -> None:
     ap.add_argument("--data", default=".bench_data", help="graph suite: folder written by --prepare")
     ap.add_argument("--tiny", action="store_true", help="graph suite: 2-layer Llama-3 stand-in (CPU smoke test)")
     ap.add_argument("--hf-baseline", action="store_true", help="graph suite: also HF generate + xgrammar")
+    ap.add_argument("--sweeps", type=int, default=3,
+                    help="graph suite: runs of every cell, constrain's grammars compiled afresh each (medians reported)")
     ap.add_argument("--prepare", default=None, metavar="DATA_DIR",
                     help="write --data (schemas from DATA_DIR/jsonschemabench, Llama-3 tokenizer) and exit")
     args = ap.parse_args()
