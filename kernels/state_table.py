@@ -229,8 +229,29 @@ if HAS_TRITON:
             tl.store(into_ptr + index, low, mask=inb & (target == 4))
 
 
+class _Flushed:
+    """A device tensor of the table (held as ``_name``), read after its staged inserts are applied."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.attr = "_" + name
+
+    def __get__(self, table: StateTable, owner: type | None = None) -> torch.Tensor:
+        table.flush()
+        return getattr(table, self.attr)
+
+
 class StateTable:
     """Per compiled grammar: mask rows of states seen so far and their transitions, on the GPU."""
+
+    masks = _Flushed("int32 (state_capacity, words): row s is the bitmask of state s.")
+    present = _Flushed("int8 (state_capacity,): which rows are filled.")
+    defaults = _Flushed("int32 (state_capacity,): each state's default next state, -1 = none.")
+    aliases = _Flushed("int32 (state_capacity,): the state whose transitions a row leaves by, -1 = its own.")
+    keys = _Flushed("int64 (slots,): (state << 32) | token, -1 = empty.")
+    values = _Flushed("int32 (slots,): the next state of the key in the same slot.")
 
     def __init__(
         self,
@@ -249,43 +270,6 @@ class StateTable:
         self._staged_rows: list[tuple[np.ndarray, np.ndarray]] = []  # (ids, rows) not on the device yet
         self._staged_sets: list[np.ndarray] = []  # (n, 4) int32 entries (target, index, low, high)
         self._alloc_slots(_pow2(max(transition_capacity, 16)))
-
-    # ---- device tensors (each read flushes the staged inserts first) -------------------------
-    @property
-    def masks(self) -> torch.Tensor:
-        """int32 (state_capacity, words): row s is the bitmask of state s."""
-        self.flush()
-        return self._masks
-
-    @property
-    def present(self) -> torch.Tensor:
-        """int8 (state_capacity,): which rows are filled."""
-        self.flush()
-        return self._present
-
-    @property
-    def defaults(self) -> torch.Tensor:
-        """int32 (state_capacity,): each state's default next state, -1 = none."""
-        self.flush()
-        return self._defaults
-
-    @property
-    def aliases(self) -> torch.Tensor:
-        """int32 (state_capacity,): the state whose transitions a row leaves by, -1 = its own."""
-        self.flush()
-        return self._aliases
-
-    @property
-    def keys(self) -> torch.Tensor:
-        """int64 (slots,): (state << 32) | token, -1 = empty."""
-        self.flush()
-        return self._keys
-
-    @property
-    def values(self) -> torch.Tensor:
-        """int32 (slots,): the next state of the key in the same slot."""
-        self.flush()
-        return self._values
 
     # ---- capacity -------------------------------------------------------------------------
     @property
