@@ -43,9 +43,10 @@ def test_verify_matches_twin() -> None:
     seeds = torch.arange(b) + 11
     got = verify_draft(tl_.to(DEVICE), dl.to(DEVICE), drafts.to(DEVICE), table, states.to(DEVICE),
                        temperature=temp.to(DEVICE), seeds=seeds.to(DEVICE), block=32)
-    ref = verify_draft_ref(tl_, dl, drafts, table, states, temperature=temp, seeds=seeds)
+    ref = verify_draft_ref(tl_.to(DEVICE), dl.to(DEVICE), drafts.to(DEVICE), table, states.to(DEVICE),
+                           temperature=temp.to(DEVICE), seeds=seeds.to(DEVICE))  # (the table's device)
     for a, r in zip(got, ref):
-        assert torch.equal(a.cpu(), r)
+        assert torch.equal(a.cpu(), r.cpu())
 
 
 def _walk_ok(tokens, n, states, allowed, trans) -> None:
@@ -73,7 +74,8 @@ def test_verify_output_is_masked_target_distribution() -> None:
         drafts[:, i] = torch.multinomial(q, 1, generator=g).flatten()
         s = torch.tensor([trans[(int(a), int(c))] for a, c in zip(s, drafts[:, i])])
     st = torch.full((n,), s0, dtype=torch.int32)
-    out, cnt, chain, flags = verify_draft_ref(tl_, dl, drafts, table, st, seeds=torch.arange(n) * 31 + 5)
+    out, cnt, chain, flags = (t.cpu() for t in verify_draft_ref(
+        tl_.to(DEVICE), dl.to(DEVICE), drafts.to(DEVICE), table, st.to(DEVICE), seeds=(torch.arange(n) * 31 + 5).to(DEVICE)))
     assert (flags == 0).all() and (cnt >= 1).all()
     _walk_ok(out, cnt, st, allowed, trans)
     p0 = torch.softmax(tl_[0, 0].masked_fill(~allowed[s0], float("-inf")).double(), -1)
@@ -97,6 +99,7 @@ def test_forced_draft_and_miss() -> None:
     tl_[1, 0] = -50.0
     tl_[1, 0, x0] = 50.0  # p(x0) ~ 1 on row 1: accepted
     table.add_transitions(torch.tensor([0]), torch.tensor([x0]), torch.tensor([7]))  # state 7 has no mask row
-    out, cnt, chain, flags = verify_draft_ref(tl_, dl, drafts, table, states, seeds=torch.tensor([1, 2]))
+    out, cnt, chain, flags = (t.cpu() for t in verify_draft_ref(
+        tl_.to(DEVICE), dl.to(DEVICE), drafts.to(DEVICE), table, states.to(DEVICE), seeds=torch.tensor([1, 2]).to(DEVICE)))
     assert flags[1] == 1 and cnt[1] == 1 and out[1, 0] == x0 and out[1, 1] == -1
     _walk_ok(out, cnt, states, allowed, trans)
