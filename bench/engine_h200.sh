@@ -4,8 +4,12 @@
 # travels in two halves (git-ignored .gguf/part1, .gguf/part2, split here with head -c / tail -c)
 # in two calls made back to back on the same warm machine; the first half waits in /tmp.
 #   here, once:  python3 bench/engine_gpu.py --prepare ../shared/data --data .bench_data
-#   call 1 (carry .whl .whl_anchors .bench_data .gguf/part1):  bash bench/engine_h200.sh llama8b
-#   call 2 (carry .whl .whl_anchors .bench_data .gguf/part2 .gguf/SHA256): bash bench/engine_h200.sh smollm2
+#   call 1 (carry .whl .whl_anchors .bench_data/schemas.json .bench_data/llama3.json
+#           .bench_data/llama3.tiktoken .gguf/part1):  bash bench/engine_h200.sh llama8b
+#   call 2 (carry .whl .whl_anchors .bench_data/schemas.json .gguf/part2 .gguf/SHA256):
+#           bash bench/engine_h200.sh smollm2
+#   (name the files: .bench_data as a whole, with its copy of the corpus, pushes a call over 64 MiB;
+#   three sweeps by default: smollm2 ~160 s, llama8b ~200 s)
 #     then, with the model joined in /tmp (carry .whl .whl_anchors .bench_data): ... extraction,
 #     ... speculative [bench.speculative's flags], ... draft_head [bench.draft_head's flags]
 #   no model (carry .whl .whl_anchors .whl_llama .bench_full: a copy of ../shared/data): ... batch_fill
