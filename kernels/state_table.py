@@ -39,6 +39,7 @@ them directly, so its replayer calls ``flush()`` before replaying (``GraphRunner
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import overload
 
 import numpy as np
 import torch
@@ -238,7 +239,14 @@ class _Flushed:
     def __set_name__(self, owner: type, name: str) -> None:
         self.attr = "_" + name
 
-    def __get__(self, table: StateTable, owner: type | None = None) -> torch.Tensor:
+    @overload
+    def __get__(self, table: None, owner: type) -> _Flushed: ...
+    @overload
+    def __get__(self, table: StateTable, owner: type | None = None) -> torch.Tensor: ...
+
+    def __get__(self, table: StateTable | None, owner: type | None = None) -> torch.Tensor | _Flushed:
+        if table is None:  # on the class (help(), introspection)
+            return self
         table.flush()
         return getattr(table, self.attr)
 
