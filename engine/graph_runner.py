@@ -207,14 +207,13 @@ class GraphRunner:
     def sample(self, rows: int, mode: str, table: StateTable | None = None, filtered: bool = False,
                states: tuple[list[int], list[int]] | None = None) -> None:
         """Sample rows ``0..rows-1`` from ``self.logits``; outputs in ``self.out``, inputs advanced.
-        ``states``: (rows, states) to write into the rows' constraint states first, with the
-        table's staged inserts (one upload for both)."""
+        ``states``: (rows, states) to write into the rows' constraint states first, riding in the
+        table's flush of its staged inserts (one upload for both; so they need the ``table``)."""
         self._check_table(table)
         if table is not None:  # a replayed graph reads the table's tensors without asking the table
             table.flush(None if states is None else (self.states, *states))
-        elif states is not None and states[0]:
-            idx, val = to_device(list(states), torch.int64, self.device)
-            self.states[idx] = val.to(torch.int32)
+        else:
+            assert states is None or not states[0], "state patches ride in the table's flush"
         self._run(self._sample_key(rows, mode, filtered), lambda: self._sample(rows, mode, table, filtered))
 
     @staticmethod

@@ -168,16 +168,19 @@ def apply_updates_ref(buf: torch.Tensor, n_rows: int, n_sets: int, masks: torch.
     """Twin of `_apply_kernel`: ``buf`` (int32) holds ``n_rows`` row ids, their rows, then
     ``n_sets`` entries (target, index, low, high); indices are distinct per target."""
     words = masks.shape[1]
-    ids = buf[:n_rows].long()
-    masks[ids] = buf[n_rows: n_rows * (1 + words)].view(n_rows, words)
-    present[ids] = 1
+    if n_rows:
+        ids = buf[:n_rows].long()
+        masks[ids] = buf[n_rows: n_rows * (1 + words)].view(n_rows, words)
+        present[ids] = 1
+    if not n_sets:
+        return
     ents = buf[n_rows * (1 + words):].view(n_sets, 4).long()
     target, index, low, high = ents.unbind(1)
-    for t, dst in ((_VALUE, values), (_DEFAULT, defaults), (_ALIAS, aliases), (_INTO, into)):
+    dsts = {_KEY: keys, _VALUE: values, _DEFAULT: defaults, _ALIAS: aliases, _INTO: into}
+    for t in target.unique().tolist():  # (most flushes carry one or two targets: this is on the step's path)
         sel = target == t
-        dst[index[sel]] = low[sel].to(dst.dtype)
-    sel = target == _KEY
-    keys[index[sel]] = high[sel] << 32 | low[sel] & MASK32
+        got = high[sel] << 32 | low[sel] & MASK32 if t == _KEY else low[sel]
+        dsts[t][index[sel]] = got.to(dsts[t].dtype)
 
 
 def apply_updates(buf: torch.Tensor, n_rows: int, n_sets: int, masks: torch.Tensor, present: torch.Tensor,
@@ -223,6 +226,7 @@ if HAS_TRITON:
             low = tl.load(ent + 2, mask=inb, other=0)
             high = tl.load(ent + 3, mask=inb, other=0)
             key = (high.to(tl.int64) << 32) | low.to(tl.uint32, bitcast=True).to(tl.int64)
+            # targets as in ``_KEY, _VALUE, _DEFAULT, _ALIAS, _INTO``
             tl.store(keys_ptr + index, key, mask=inb & (target == 0))
             tl.store(values_ptr + index, low, mask=inb & (target == 1))
             tl.store(defaults_ptr + index, low, mask=inb & (target == 2))
@@ -326,7 +330,7 @@ class StateTable:
         self._keys.copy_(torch.from_numpy(self._keys_np), non_blocking=True)
         self._values.copy_(torch.from_numpy(self._values_np), non_blocking=True)
         # the host mirror is whole again: staged key and value entries named the old slots
-        self._staged_sets = [e[e[:, 0] >= _DEFAULT] for e in self._staged_sets]
+        self._staged_sets = [e[(e[:, 0] != _KEY) & (e[:, 0] != _VALUE)] for e in self._staged_sets]
         self.generation += 1
 
     # ---- host inserts (staged; ``flush`` moves them to the device) ---------------------------
@@ -372,18 +376,16 @@ class StateTable:
             return
         if min(s.min(), t.min(), v.min()) < 0:
             raise ValueError("states, tokens and next states must be >= 0")
-        keys = (s << 32) | t
-        if keys.size > 1:  # keep the last occurrence of each key
-            _, last = np.unique(keys[::-1], return_index=True)
-            if last.size < keys.size:
-                keep = keys.size - 1 - last
-                keys, v = keys[keep], v[keep]
+        keys, values = (s << 32) | t, v.astype(np.int32)
+        keep = _last_of_each(keys)
+        if keep is not None:
+            keys, values = keys[keep], values[keep]
         if 2 * (self.num_transitions + keys.size) > self.transition_capacity:
             self._rehash(_pow2(2 * (self.num_transitions + keys.size)))
-        touched = self._place(keys, v.astype(np.int32))
+        touched = self._place(keys, values)
         while touched is None:  # probe bound exceeded: double and re-place everything
             self._rehash(2 * self.transition_capacity)
-            touched = self._place(keys, v.astype(np.int32))
+            touched = self._place(keys, values)
         if touched.size:  # a key entry and a value entry per touched slot
             k = self._keys_np[touched]
             ents = np.empty((2 * touched.size, 4), dtype=np.int32)
@@ -412,16 +414,14 @@ class StateTable:
         ids = np.concatenate([r[0] for r in rows]) if rows else np.zeros(0, np.int32)
         words = np.concatenate([r[1] for r in rows]) if rows else np.zeros((0, self.words), np.int32)
         ents = np.concatenate(sets) if sets else np.zeros((0, 4), np.int32)
-        if len(rows) > 1 or len(ids) > 1:  # the last write of a row wins (one kernel writes all at once)
-            _, last = np.unique(ids[::-1], return_index=True)
-            if last.size < ids.size:
-                keep = np.sort(ids.size - 1 - last)
-                ids, words = ids[keep], words[keep]
-        if len(ents) > 1:  # ... and of an entry
-            where = ents[:, 0].astype(np.int64) << 32 | ents[:, 1].astype(np.int64)
-            _, last = np.unique(where[::-1], return_index=True)
-            if last.size < where.size:
-                ents = ents[np.sort(where.size - 1 - last)]
+        # the last write of a row, and of an entry's target and index, wins (one kernel writes all at once)
+        keep = _last_of_each(ids)
+        if keep is not None:
+            ids, words = ids[keep], words[keep]
+        if len(sets) > 1:  # (one staged array never repeats a target and index: one call's slots, a dict's rows)
+            keep = _last_of_each(ents[:, 0].astype(np.int64) << 32 | ents[:, 1].astype(np.int64))
+            if keep is not None:
+                ents = ents[keep]
         # queued behind the stream's work (``to_device``): the engine inserts while a forward runs
         buf = to_device(torch.from_numpy(np.concatenate((ids, words.reshape(-1), ents.reshape(-1)))), torch.int32, self.device)
         apply_updates(buf, ids.size, len(ents), self._masks, self._present, self._keys, self._values,
@@ -501,6 +501,14 @@ class StateTable:
         states = states.to(self.device).long()
         rows = self.masks[states.clamp(min=0)]
         return torch.where((states < 0)[:, None], torch.full_like(rows, -1), rows)
+
+
+def _last_of_each(keys: np.ndarray) -> np.ndarray | None:
+    """Indices (ascending) of the last occurrence of each distinct key; None when all differ."""
+    if keys.size < 2:
+        return None
+    _, last = np.unique(keys[::-1], return_index=True)
+    return None if last.size == keys.size else np.sort(keys.size - 1 - last)
 
 
 def _host_array(x: object, dtype: type) -> np.ndarray:
