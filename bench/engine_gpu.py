@@ -136,7 +136,7 @@ def main() -> None:
             engine_graph.prepare(Path(args.data), Path(args.prepare))
             return
         if args.modes == "unconstrained,json_schema,mixed":
-            args.modes = "none,constrain,constrain_host,xgrammar,llguidance"
+            args.modes = "none,constrain,constrain_defaults,constrain_host,xgrammar,llguidance"
         engine_graph.run_suite(args)
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

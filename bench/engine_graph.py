@@ -5,6 +5,9 @@ Why: with eager transformers decode (~80-100 ms a step) constraint overhead is i
 every engine runs in the same ``Scheduler`` over the graph step backend (``GraphStep``):
 - ``none``: unconstrained (same graphs, no mask);
 - ``constrain``: masks gathered on the GPU from the state table (no per-step host mask work);
+- ``constrain_defaults``: the same with the Engine's defaults (declared key order, no invented
+  keys, forced text, the budget-aware close), what ``Engine.run`` users get; its forced tokens
+  count as emitted, and its unconstrained twin emits as many;
 - ``constrain_host``, ``xgrammar``, ``llguidance``: each row's matcher fills its bitmask row on the
   host every step while the forward graph runs; the mask is applied inside the same fused
   sampler (``kernels.sample``) for all three, so only the mask production differs;
@@ -33,6 +36,7 @@ import torch
 
 from bench.tok import Tok
 from constrain.engine.api import Engine, Request
+from constrain.engine.constraints import GENERATION_JSON_OPTIONS
 from constrain.engine.generate import run_requests
 from constrain.engine.graph_loop import GraphStep
 from constrain.engine.graph_runner import BATCH_BUCKETS, GraphRunner
@@ -167,13 +171,17 @@ class Timed(Scheduler):
 
 
 def make_requests(tok: Tok, prompts: list[list[int]], compiled: list[Any], batch: int,
-                  max_tokens: int) -> list[GenerationRequest]:
+                  max_tokens: int, defaults: bool = False) -> list[GenerationRequest]:
     """The mode table's requests: no forced text and no budget close (the anchors have neither),
-    so every mode does the same work per token; unconstrained rows ignore stop ids (full length)."""
+    so every mode does the same work per token, except with the Engine's ``defaults`` (both);
+    unconstrained rows ignore stop ids (full length)."""
     stops = frozenset(tok.eos_token_ids) if compiled else frozenset()
     return [GenerationRequest(prompts[i], compiled[i % len(compiled)] if compiled else None, SamplingParams(0.0),
-                              max_tokens, stop_token_ids=stops, force_tokens=False, budget_close=False)
+                              max_tokens, stop_token_ids=stops, force_tokens=defaults, budget_close=defaults)
             for i in range(batch)]
+
+
+TABLE_MODES = ("constrain", "constrain_defaults")  # modes whose masks come from the GPU state table
 
 
 def run_suite(args: Any) -> None:
@@ -397,7 +405,6 @@ def bench_model(name: str, loaded: LoadedModel, schemas: list[dict], batches: li
     emit({"model": name, "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))]})
     if name == "smollm2":
         emit({"model": name, **check_replay(model, tok, schemas, prompts)})
-    compiled = [constrain.compile_json_schema(s["schema"], tok.vocab) for s in schemas]
     anchors: dict[str, Any] = {}
     for mode in modes:
         t0 = time.perf_counter()
@@ -430,19 +437,35 @@ def bench_model(name: str, loaded: LoadedModel, schemas: list[dict], batches: li
     scheds = {m: Timed(backend, tok.vocab, tok.encode) for m in modes}
 
     def use(m: str) -> Timed:
-        backend.table = m == "constrain"
+        backend.table = m in TABLE_MODES
         return scheds[m]
+
+    def compile_all(options: dict) -> list[Any]:
+        """Every schema compiled by a new compiler: its states are all first visits."""
+        constrain.set_default_compiler(constrain.GrammarCompiler())
+        return [constrain.compile_json_schema(s["schema"], tok.vocab, **options) for s in schemas]
+
+    # constrain's grammars per table mode (the anchors' requests carry "constrain"'s: stop ids, replaced matchers)
+    grammars = {m: compile_all(GENERATION_JSON_OPTIONS if m == "constrain_defaults" else {})
+                for m in {"constrain", *modes} & set(TABLE_MODES)}
+
+    def grammars_of(m: str) -> list[Any]:
+        return [] if m == "none" else grammars[m if m in TABLE_MODES else "constrain"]
 
     # Warm-up: sample graphs, first constraint states, and Triton JIT of the eager kernels at every
     # batch size (they are specialised on sizes: a first use at b=256 compiled inside a timed run).
+    # The defaults run whole at every batch: their forced text's wide passes get captured (and
+    # timed: ``Scheduler._force_cap`` weighs them) here, not in a timed cell.
     for m in scheds:
         for wb in sorted({4, *batches}):
-            reqs = make_requests(tok, prompts, [] if m == "none" else compiled, wb, 2)
+            reqs = make_requests(tok, prompts, grammars_of(m), wb, max_tokens if m == "constrain_defaults" else 2,
+                                 m == "constrain_defaults")
             run_cell(use(m), reqs, [anchors[m][i % len(schemas)].matcher() for i in range(wb)] if m in anchors else None)
-    def sweep_cells(sweep: int, compiled: list[Any]) -> None:
+
+    def sweep_cells(sweep: int) -> None:
         for b in batches:
             for m in modes:
-                reqs = make_requests(tok, prompts, [] if m == "none" else compiled, b, max_tokens)
+                reqs = make_requests(tok, prompts, grammars_of(m), b, max_tokens, m == "constrain_defaults")
                 matchers = [anchors[m][i % len(schemas)].matcher() for i in range(b)] if m in anchors else None
                 cache = backend.cache
                 before = (cache.misses, cache.expansions, cache.defaults)
@@ -451,7 +474,8 @@ def bench_model(name: str, loaded: LoadedModel, schemas: list[dict], batches: li
                 row = {"model": name, "mode": m, "batch": b, "sweep": sweep, **run_cell(use(m), reqs, matchers)}
                 row["captures_in_run"] = runner.captures - captures  # should be 0
                 row["ahead_served_queued"] = [backend.ahead_served - ahead[0], backend.ahead_queued - ahead[1]]
-                if m == "constrain":
+                if m in TABLE_MODES:
+                    row["chain_rows"] = cache.chain_rows
                     row["misses"] = cache.misses - before[0]
                     row["expansions"] = cache.expansions - before[1]
                     row["defaults"] = cache.defaults - before[2]
@@ -474,14 +498,15 @@ def bench_model(name: str, loaded: LoadedModel, schemas: list[dict], batches: li
     # sweep's cell is a single cold pass of 0.1-0.3 s, whose ratio moves by 0.15-0.3x between runs;
     # the table reports each cell's median over the sweeps.
     for sweep in range(sweeps):
-        constrain.set_default_compiler(constrain.GrammarCompiler())
-        compiled = [constrain.compile_json_schema(s["schema"], tok.vocab) for s in schemas]
+        for m in grammars:
+            grammars[m] = compile_all(GENERATION_JSON_OPTIONS if m == "constrain_defaults" else {})
+            if m in scheds:
+                for wb in sorted({4, *batches}):
+                    run_cell(use(m), make_requests(tok, prompts, grammars[m], wb, 2, m == "constrain_defaults"), None)
         if "constrain_host" in anchors:
+            constrain.set_default_compiler(constrain.GrammarCompiler())
             anchors["constrain_host"] = [eng_host.compile(s["schema"]) for s in schemas]
-        if "constrain" in scheds:
-            for wb in sorted({4, *batches}):
-                run_cell(use("constrain"), make_requests(tok, prompts, compiled, wb, 2), None)
-        sweep_cells(sweep, compiled)
+        sweep_cells(sweep)
     for row in engine_vs_loop(engine, backend, tok, prompts, schemas, batches, max_tokens):
         emit({"model": name, **row})
     del runner, backend, scheds, engine

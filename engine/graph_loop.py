@@ -4,7 +4,8 @@ GPU state table (``GraphStep`` over ``GraphRunner``).
 - Forward: rows that append one token (the steady state) replay the captured one-token step;
   a step where some row appends forced text, and a speculative step (pending + draft), replay
   the several-tokens-per-row pass of the static decoder (``GraphRunner.verify_forward``, eager
-  past its widest bucket); new prompts are prefilled by the eager ragged forward.
+  past its widest bucket; its replays timed at capture are the step times by which the scheduler
+  caps forced text, ``Scheduler._force_cap``); new prompts are prefilled by the eager ragged forward.
 - Constraint: each constrained row's state lives on the GPU (``StateCache`` over a
   ``kernels.StateTable``). The captured sample gathers each row's mask by its state, samples and
   advances the state on the GPU. The host reads back (token, state, miss) once per step; the
@@ -13,6 +14,8 @@ GPU state table (``GraphStep`` over ``GraphRunner``).
   text, stops, errors, results), and the host works only on misses (a state or transition seen for the first time: computed by
   constrain, stored, never missed again; see ``StateCache``), resolved during the *next* step's
   forward (which reads tokens, not states) and patched in before that step's sample.
+- Forced text taken a token a step (``Row.tail``): the row points at the first of its chain rows
+  (``StateCache.chain``), one-token masks that lead from one to the next on the GPU.
 - The budget-aware close near the end of a budget: the row points at its state's close row for
   the budget's level (``Scheduler.table_row`` over ``StateCache.close``: computed on the host
   once per state and level, then served from the table and advanced on the GPU like the state
@@ -220,7 +223,7 @@ class GraphStep:
                 scheduler.fill_mask(s, self._host, i)
                 hosted.append(i)
                 continue
-            if not s.request.budget_close:
+            if not s.request.budget_close and not s.tail:
                 continue  # its state's own row (``table_row``), where the GPU left it
             row = scheduler.table_row(s, self.cache, self._gid[i])
             if row is not None and row != self._gid[i]:

@@ -25,7 +25,11 @@ Forced text: when the constraint admits exactly one continuation (``find_jump_fo
 we tokenize it the way the tokenizer would (canonically) and append the tokens without a forward
 pass each. The last forced token is left for the model to pick under the mask, because BPE may
 merge it with whatever follows (``": "`` + ``"J``...): forcing it could split text in a way the
-model never saw in training.
+model never saw in training. How much of it a step appends is a batch decision
+(``_force_cap``): the next forward is as wide as its widest row, so where the backend measured
+wide passes to cost more than the tokens they add (large batches, large models), rows take the
+rest of their forced text a token a step instead (``Row.tail``), each under a mask allowing that
+token alone: the same tokens, at one-token forwards that can be queued ahead.
 
 Speculation (``speculative=``, see ``engine.speculative``): in a step with no new prompt, each
 row may carry a draft. ``_draft`` walks it through the backend's ``StateCache`` (``_Walk``:
@@ -74,8 +78,9 @@ FORCED = -1  # a draft position of forced text riding along (others: the index o
 # What taking a row's sampled token does (``Scheduler.outcomes``), in rising order of the work
 ROUTINE = 0  # the row goes on, one token pending; its matcher may take the token later (``_Lagging``)
 GOES_ON = 1  # the same, but its matcher takes the token now (where it leads is not known yet)
-FINISHES = 2  # the row may end: an empty mask, a stop token, its budget
-FORCES = 3  # forced text may follow it
+DEFERS = 2  # forced text follows it, taken a token a step (``Row.tail``): the next forward stays one wide
+FINISHES = 3  # the row may end: an empty mask, a stop token, its budget
+FORCES = 4  # forced text follows it, appended now (the next forward is several tokens wide)
 
 
 class _DraftEnd(Exception):
@@ -205,6 +210,7 @@ class Row:
     generated: list[int] = field(default_factory=list)
     forced: int = 0
     forced_now: int = 0  # forced tokens appended by the last step
+    tail: list[int] = field(default_factory=list)  # forced tokens left to take one a step (``_force``)
     draws: int = 0
     finish_reason: str | None = None
     error: str | None = None
@@ -300,6 +306,7 @@ class Scheduler:
         self._scratch = allocate_token_bitmask(1, vocab.vocab_size)
         self._stop_set = set(vocab.eos_token_ids)
         self._codes: list[int] | None = None  # this step's ``outcomes``, where the backend asked
+        self._cap: int | None = None  # forced tokens a row appends this step (``_force_cap``; None: all)
         self._nexts: list[int] = []  # ... and the states its tokens led to
         self.speculative = SpeculativeConfig.parse(speculative)
         self._drafters = self.speculative.build() if self.speculative is not None else []
@@ -373,8 +380,9 @@ class Scheduler:
                 s.pending = []
                 self._advance(s, toks)
         else:
-            self._codes = None
+            self._codes, self._cap = None, None
             self._take_step(batch, self.backend.step(batch, len(old), self))
+            self._cap = None
         self.backend.sync(batch)
         self.running = batch
         return done + self._retire()
@@ -417,6 +425,11 @@ class Scheduler:
         """``s``'s matcher's mask into ``bitmask`` row ``row``, budget-aware near the end
         (``_fill_close``). A matcher that raises fails its own request (the row's mask left empty;
         the step discards the row's token), not the batch."""
+        if s.tail:  # forced text taken a token a step: its next token alone
+            bitmask[row] = 0
+            t = s.tail[0]
+            bitmask[row, t >> 5] = (1 << (t & 31)) - (1 << 32 if t & 31 == 31 else 0)
+            return
         try:
             self._fill_close(s.matcher, bitmask, row, self.budget_left(s))
         except Exception as exc:  # a broken matcher ends its own request, not the batch
@@ -438,7 +451,14 @@ class Scheduler:
 
     def table_row(self, s: Row, cache: StateCache, gid: int) -> int | None:
         """Table row of ``s``'s mask at its state ``gid`` (``_budget_row``), for a backend serving
-        masks from ``cache``; None when the matcher raised, which fails the request alone."""
+        masks from ``cache``; None when the matcher raised, which fails the request alone. A row
+        taking forced text a token a step stands in the chain of its tail (``StateCache.chain``:
+        its one-token masks lead from row to row on the GPU, then to the state after the text)."""
+        if s.tail:
+            row = cache.chain(gid, s.tail)
+            if row is not None:
+                return row
+            s.tail = []  # the grammar refuses the tokenized text: the model picks from here
         if not s.request.budget_close:
             return gid  # the state's own row: the table holds it since the row reached the state
         m = s.matcher
@@ -498,22 +518,31 @@ class Scheduler:
             if s.finish_reason is not None:  # failed while its mask was prepared
                 continue
             s.length += len(s.pending)
-            if code == ROUTINE or code == FORCES and gid >= 0 and type(s.matcher) is _Lagging:
+            tailing = bool(s.tail)
+            if tailing:  # its mask allowed the tail's next token alone
+                if s.tail[0] == t:
+                    del s.tail[0]
+                    s.forced += 1
+                else:  # not the token its mask allowed: the matcher judges it
+                    s.tail = []
+                    code = GOES_ON
+            if code == ROUTINE or code in (FORCES, DEFERS) and gid >= 0 and type(s.matcher) is _Lagging:
                 s.pending = [t]
                 s.generated.append(t)
                 s.draws += 1
                 s.forced_now = 0
                 if s.matcher is not None:
                     s.matcher.lag.append(t)
-                if code == FORCES:
+                if code != ROUTINE:
                     self._force(s, gid)
             else:
                 s.pending = []
-                self._advance(s, [t])
+                self._advance(s, [t], force=not tailing)  # (no forced text follows a tail's token)
 
-    def _advance(self, s: Row, tokens: list[int]) -> None:
+    def _advance(self, s: Row, tokens: list[int], force: bool = True) -> None:
         """Accept a step's tokens in order (one sampled token, or a verified draft's), then
-        append forced text after the last; a stop, an error or the budget ends the row there."""
+        append forced text after the last (``force``); a stop, an error or the budget ends the
+        row there."""
         s.draws += 1
         s.forced_now = 0
         try:
@@ -530,7 +559,8 @@ class Scheduler:
                 s.finish_reason = "stop" if self._only_stop_allowed(s) else "length"
                 return
         s.pending = [tokens[-1]]
-        self._force(s)
+        if force:
+            self._force(s)
 
     def _take(self, s: Row, m: Any, token: int) -> bool:
         """One emitted token into the row (``m``: its matcher, caught up); False when it ended
@@ -775,33 +805,39 @@ class Scheduler:
 
     def _force(self, s: Row, gid: int = -1) -> None:
         """Append the forced continuation's canonical tokens (all but the last), accepted into
-        the matcher, within the budget. ``gid``: the state of the backend's cache the row stands
-        in while its matcher lags (``_take_step``): the tokens are recorded for the matcher to take
-        later, the cache learning where they lead (``StateCache.walk``, by the grammar)."""
+        the matcher, within the budget; past this step's cap (``_force_cap``) they become the
+        row's ``tail``, taken a token a step under one-token masks (the same tokens: the model's
+        logits are computed at every one of them either way). ``gid``: the state of the backend's
+        cache the row stands in while its matcher lags (``_take_step``): the tokens are recorded
+        for the matcher to take later, the cache learning where they lead (``StateCache.walk``,
+        by the grammar)."""
         grammar = s.request.grammar
         if grammar is None or not self._may_force(s):
             return
         room = s.budget - len(s.generated) - 1
         n = 0
         ids: list[int] = []
+        now = room if self._cap is None else min(room, self._cap)
         try:
             if gid >= 0:
                 ids = self._forced_of(grammar, gid)[:-1][:room]
-                if self.backend.cache.walk(gid, ids) is None:  # the grammar refuses one: the matcher says
+                if self.backend.cache.walk(gid, ids[:now]) is None:  # the grammar refuses one: the matcher says
                     gid = -1
                 else:
-                    s.matcher.lag.extend(ids)
-                    n = len(ids)
+                    s.matcher.lag.extend(ids[:now])
+                    n = len(ids[:now])
             if gid < 0:
                 m = _caught_up(s.matcher)
                 ids = self._forced_of(grammar, self.backend.cache.state_id(grammar, m.state))[:-1][:room]
-                n = _accept_run(m, ids)
+                n = _accept_run(m, ids[:now])
         except Exception as exc:  # a broken matcher ends its own request, not the batch
             self._fail_raised(s, exc, "on forced text")
         s.generated.extend(ids[:n])
         s.pending.extend(ids[:n])
         s.forced += n
         s.forced_now = n
+        if n == min(now, len(ids)) and s.finish_reason is None:
+            s.tail = ids[n:]
 
     # predictions for a backend that works ahead of ``_advance`` (cheap, per batch)
     def outcomes(self, batch: list[Row], tokens: list[int], nexts: list[int]) -> list[int]:
@@ -813,7 +849,8 @@ class Scheduler:
         stops, forced = self._stop_set, self.backend.cache.forced
         codes: list[int] = []
         append = codes.append
-        for s, t, g in zip(batch, tokens, nexts):
+        runs: list[tuple[int, int]] = []  # (row, forced tokens it appends uncapped)
+        for i, (s, t, g) in enumerate(zip(batch, tokens, nexts)):
             m = s.matcher
             left = s.budget - len(s.generated)
             if t < 0 or left <= 1 or s.finish_reason is not None or t in (
@@ -824,14 +861,49 @@ class Scheduler:
                 append(ROUTINE)
                 continue
             req = s.request
-            if left > 2 and req.force_tokens and req.grammar is not None:  # (``_may_force(s, 1)``)
-                run = forced.get(g) if g >= 0 else None  # (``_forces``, inline: once per row and step)
-                if len(run) > 1 if run is not None else self._forces(s, t, g):
+            if left > 2 and req.force_tokens and req.grammar is not None and not s.tail:  # (``_may_force(s, 1)``)
+                run = forced.get(g) if g >= 0 else None  # (``_forced_after``, inline: once per row and step)
+                k = len(run) if run is not None else self._forced_after(s, t, g)
+                if k > 1:
+                    runs.append((i, min(k - 1, left - 2)))  # (``_force``'s room)
                     append(FORCES)
                     continue
+                if s.finish_reason is not None:  # its matcher raised predicting it
+                    append(FINISHES)
+                    continue
             append(ROUTINE if g >= 0 and type(m) is _Lagging else GOES_ON)
+        if runs and self.speculative is None:
+            self._cap = self._force_cap(batch, [n for _, n in runs])
+            if self._cap == 0:
+                for i, _ in runs:
+                    codes[i] = DEFERS
         self._codes, self._nexts = codes, nexts
         return codes
+
+    def _force_cap(self, batch: list[Row], runs: list[int]) -> int | None:
+        """How many forced tokens each row appends this step (the rest of its text: its tail,
+        a token a step), given the forced runs ``runs`` of the rows that force: the width w
+        maximising the batch's tokens per time, (rows + sum min(run, w)) / step_time(1 + w), a
+        plain step's time being 1 (``speculative.choose_width`` over the backend's measured
+        step times). Why: the step forwards every row as wide as its widest; at batch 1 a
+        wide pass costs about a plain one and forcing whole text is nearly free, while at 256
+        rows of an 8B model a width-8 pass costs several plain steps and one row's forced key
+        made all 256 rows pay it (0.38x unconstrained). None (all of it) until the backend has
+        timed a wide pass (the first wide pass is how it gets timed)."""
+        n = len(batch)
+        longest = max(runs)
+        reach = max(s.length + len(s.pending) for s in batch) + 1  # the next forward's attended end, one wide
+        widths, gains, times = [0], [float(n)], [1.0]
+        for w in range(1, longest + 1):
+            t = self.backend.step_time(n, 1 + w, reach + w)
+            if t is not None:
+                widths.append(w)
+                gains.append(n + sum(min(r, w) for r in runs))
+                times.append(t)
+        if len(widths) == 1:
+            return None
+        w = widths[choose_width([gains], times)]
+        return None if w >= longest else w
 
     @staticmethod
     def _may_force(s: Row, ahead: int = 0) -> bool:
@@ -840,20 +912,21 @@ class Scheduler:
         req = s.request
         return req.grammar is not None and req.force_tokens and s.budget - len(s.generated) - ahead > 1
 
-    def _forces(self, s: Row, token: int, gid: int) -> bool:
-        """Whether ``_force`` appends tokens after ``s`` takes ``token``, which leads to the
-        backend cache's state ``gid`` (-1: unknown, asked of the row's matcher)."""
+    def _forced_after(self, s: Row, token: int, gid: int) -> int:
+        """Length of the forced run (``forced_ids``) after ``s`` takes ``token``, which leads to
+        the backend cache's state ``gid`` (-1: unknown, asked of the row's matcher); ``_force``
+        appends all but its last token."""
         grammar = s.request.grammar
         assert grammar is not None
         if gid >= 0:
-            return len(self._forced_of(grammar, gid)) > 1
+            return len(self._forced_of(grammar, gid))
         try:
             local = grammar.next_state(s.matcher.state, token)
         except Exception as exc:  # a broken matcher ends its own request, not the batch
             self._fail_raised(s, exc, "predicting forced text")
-            return True
+            return 0
         # < 0: refused or a stop, the row ends
-        return local >= 0 and len(self._forced_of(grammar, self.backend.cache.state_id(grammar, local))) > 1
+        return len(self._forced_of(grammar, self.backend.cache.state_id(grammar, local))) if local >= 0 else 0
 
     def forced_ids(self, s: Row) -> list[int]:
         """The canonical tokens of the forced text at ``s``'s state (while drafting: the state the

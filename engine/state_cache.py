@@ -88,7 +88,8 @@ class StateCache:
     Ids ``0..scratch_rows-1`` are not grammar states: batch row ``i`` writes a mask of its own
     there (a matcher with no compiled grammar) and points its state at it; no transition leaves
     them, so the step after always misses back to the host. Close rows (``close``) and token
-    rows (``token_row``) are masks of their own too, never a state a row stands in.
+    rows (``token_row``) are masks of their own too, never a state a row stands in; chain rows
+    (``chain``) are, for one step each.
     """
 
     def __init__(self, mask_words: int, device: torch.device | str, states: int = 1024,
@@ -109,6 +110,7 @@ class StateCache:
         self._close: dict[tuple[int, int], int] = {}  # (global id, budget level) -> close row id
         self._close_at: dict[tuple[int, int], int] = {}  # (global id, tokens left) -> close row id
         self._tokens: dict[int, int] = {}  # token -> the row allowing only it
+        self._chains: dict[tuple[int, tuple[int, ...]], int] = {}  # (row, forced tokens) -> ``chain``'s row
         # Per state, what the scheduler derives once and every later run over this backend reuses
         # (the cache knows no tokenizer and no budget margin): the canonical tokens of the state's
         # forced text, and the bytes left from which its budget-aware close is its plain mask
@@ -119,6 +121,7 @@ class StateCache:
         self.expansions = 0
         self.defaults = 0  # wide states given a default next state
         self.close_rows = 0  # close masks computed (once per state and budget level)
+        self.chain_rows = 0  # one-token rows of forced text taken a token a step (``chain``)
 
     def enter(self, cg: CompiledGrammar, local: int) -> int:
         """Global id of ``cg``'s state ``local``, its mask row stored (a row starts or jumps there)."""
@@ -146,17 +149,54 @@ class StateCache:
         the grammar refuses one. Each pair is resolved by the grammar once and then remembered
         (``successor``): forced text met again costs dictionary lookups."""
         for t in tokens:
-            nxt = self._succ.get((gid, t))
+            nxt = self._next(gid, t)
             if nxt is None:
-                cg, local = self._state(gid)
-                local = cg.next_state(local, t)
-                if local < 0:
-                    return None
-                nxt = self.learn_successor(gid, t, local)
+                return None
             gid = nxt
         if gid not in self._host:
             self._store([gid])
         return gid
+
+    def _next(self, gid: int, token: int) -> int | None:
+        """``walk``'s one step, no mask row stored."""
+        nxt = self._succ.get((gid, token))
+        if nxt is None:
+            cg, local = self._state(gid)
+            local = cg.next_state(local, token)
+            if local < 0:
+                return None
+            nxt = self.learn_successor(gid, token, local)
+        return nxt
+
+    def chain(self, gid: int, tokens: Sequence[int]) -> int | None:
+        """Id of the row where forced text ``tokens`` is taken a token a step from state ``gid``
+        (``Scheduler._force``'s tail): a row per token whose mask is that token alone and whose
+        one transition leads to the next token's row, the last to the state after the text (its
+        mask row stored); each row stands for the state it is taken at (``local``). None where the
+        grammar refuses a token. Built once per (state, text); asked again of a chain's own row,
+        it answers that row (a row stepping along its tail on the GPU needs no patch)."""
+        key = (gid, tuple(tokens))
+        got = self._chains.get(key)
+        if got is not None or not tokens:
+            return got
+        states = [gid]
+        for t in tokens:
+            nxt = self._next(states[-1], t)
+            if nxt is None:
+                return None
+            states.append(nxt)
+        end = states[-1]
+        self._store([end])
+        rows = [self._new_row(self._state(g)) for g in states[:-1]]
+        words = np.zeros((len(rows), self.table.words), dtype=np.uint32)
+        for j, t in enumerate(tokens):
+            words[j, t >> 5] = 1 << (t & 31)
+            rest = tuple(tokens[j:])
+            self._chains[(states[j], rest)] = self._chains[(rows[j], rest)] = rows[j]
+        self._add_rows(rows, words.view(np.int32))
+        self.chain_rows += len(rows)
+        self.table.add_transitions(np.array(rows), np.array(tokens), np.array(rows[1:] + [end]))
+        return rows[0]
 
     def row(self, gid: int, at: At) -> np.ndarray:
         """State ``gid``'s mask words (its row stored first if it is not): the state after a stop

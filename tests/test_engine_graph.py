@@ -19,7 +19,7 @@ from constrain import Matcher
 from constrain.engine.constraints import Constraint
 from constrain.engine.generate import run_requests
 from constrain.engine.graph_loop import GraphStep
-from constrain.engine.graph_runner import GraphRunner
+from constrain.engine.graph_runner import WIDTH_BUCKETS, GraphRunner
 from constrain.engine.runner import EagerStep, ModelRunner
 from constrain.engine.sampler import SamplingParams
 from constrain.engine.scheduler import Scheduler
@@ -108,6 +108,29 @@ def test_graph_path_equals_eager_path(table: bool, temperature: float) -> None:
     if table:
         assert backend.cache.misses > 0  # the host filled the table lazily
         assert backend.cache.close_rows > 0  # the close's masks came from the table too
+
+
+@pytest.mark.parametrize("wide", ["dear", "width 2"])
+def test_forced_text_a_token_a_step_equals_appending_it(wide: str) -> None:
+    """Where the backend's step times make a wide pass dear (``Scheduler._force_cap``), forced
+    text is taken a token a step under one-token masks (chain rows of the table, or host masks),
+    all of it or past the first token: greedy tokens equal the eager path's, which appends it."""
+    eng = engine()
+    reqs = [r for r in _requests(eng) if r.sampling.top_k == 0]
+    want = _eager(eng, reqs)
+    for table in (True, False):
+        backend = GraphStep(GraphRunner(eng.loaded.model, 2, 128), eng.vocab.vocab_size, table=table)
+        run = backend.runner
+        for rows in (1, 2):  # the step-time table a GPU measures when it captures its forwards
+            for length in {run.length_bucket(n) for n in range(1, run.max_len + 1)}:
+                run.step_ms[(rows, 1, length)] = 1.0
+                for w in WIDTH_BUCKETS:
+                    run.step_ms[(rows, w, length)] = 1.0 if wide == "width 2" and w == 2 else 50.0
+        got = run_requests(Scheduler(backend, eng.vocab, eng._encode, max_prefill_tokens=64), reqs)
+        for w, g in zip(want, got):
+            assert (g.token_ids, g.finish_reason, g.forced_tokens) == (w.token_ids, w.finish_reason, w.forced_tokens)
+        assert got[0].forced_tokens > 0
+        assert backend.cache.chain_rows > 0 if table else backend.cache.chain_rows == 0
 
 
 def test_wide_states_get_a_default(monkeypatch: pytest.MonkeyPatch) -> None:
