@@ -470,10 +470,11 @@ def bench_model(name: str, loaded: LoadedModel, schemas: list[dict], batches: li
                 cache = backend.cache
                 before = (cache.misses, cache.expansions, cache.defaults)
                 captures = runner.captures
-                ahead = (backend.ahead_served, backend.ahead_queued)
+                ahead = (backend.ahead_served, backend.ahead_queued, backend.ahead_forced)
                 row = {"model": name, "mode": m, "batch": b, "sweep": sweep, **run_cell(use(m), reqs, matchers)}
                 row["captures_in_run"] = runner.captures - captures  # should be 0
-                row["ahead_served_queued"] = [backend.ahead_served - ahead[0], backend.ahead_queued - ahead[1]]
+                row["ahead_served_queued_forced"] = [backend.ahead_served - ahead[0], backend.ahead_queued - ahead[1],
+                                                     backend.ahead_forced - ahead[2]]
                 if m in TABLE_MODES:
                     row["chain_rows"] = cache.chain_rows
                     row["misses"] = cache.misses - before[0]

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 
 from constrain.engine.graph_runner import BATCH_BUCKETS, GraphRunner, batch_bucket, seed_base
-from constrain.engine.scheduler import FINISHES, ROUTINE, Row, Scheduler
+from constrain.engine.scheduler import FINISHES, FORCES, ROUTINE, Row, Scheduler
 from constrain.engine.speculative import verify_drafts
 from constrain.engine.state_cache import StateCache
 from constrain.kernels import to_device
@@ -63,8 +63,9 @@ class GraphStep:
         self._out: list[list[int]] = [[], [], []]  # the last step's tokens, states after, miss flags
         self._codes: list[int] = []  # the last step's ``Scheduler.outcomes``
         self._verified = False  # the last step was a speculative one
-        self._ahead: tuple[list[Row], int] | None = None  # rows and length of a forward queued ahead
+        self._ahead: tuple[list[Row], list[list[int]]] | None = None  # rows and their tokens of a forward queued ahead
         self.ahead_queued = self.ahead_served = 0  # forwards queued ahead; of them, used by their step
+        self.ahead_forced = 0  # of the queued, several-token passes of forced text
         self.steps = 0
 
     @property
@@ -106,7 +107,7 @@ class GraphStep:
             elif all(len(s.pending) == 1 for s in old):
                 run.forward(batch_bucket(n_old), run.length_bucket(1 + max(s.length for s in old)))
             else:
-                self._forward_forced(old)
+                self._forward_forced([s.pending for s in old], [s.length for s in old])
         self._resolve_pending()  # host work while the forward computes (it reads no states)
         if new:
             self._prefill(new, n_old)
@@ -123,36 +124,44 @@ class GraphStep:
 
     # -- the next step's forward, queued before the host takes this step's tokens ---------------
     def _forward_ahead(self, batch: list[Row], scheduler: Scheduler) -> None:
-        """Queue the next step's one-token forward now, where this step's tokens show it will be
-        that forward: the GPU computes it while the host accepts the tokens, checks stops and
-        resolves misses, instead of idling through them. The forward reads only what the sample
-        left on the GPU (each row's token and position), so it is the same pass the next step
-        would queue; it is not queued when a row may append forced text (a wider pass), when a
-        finishing row would make the scheduler move rows, or while drafting (a verification
-        pass). Cheap predictions: a wrong one costs one forward, which the next step redoes."""
+        """Queue the next step's forward now, where this step's tokens show what it will be: the
+        GPU computes it while the host accepts the tokens, checks stops and resolves misses,
+        instead of idling through them. Where every row appends its one sampled token, the
+        one-token forward reads only what the sample left on the GPU (each row's token and
+        position); where rows append forced text the scheduler predicts (``pending_after``), the
+        several-tokens pass of those tokens. It is not queued when a finishing row would make the
+        scheduler move rows, or while drafting (a verification pass). Cheap predictions: a wrong
+        one costs one forward, which the next step redoes."""
         if scheduler.speculative is not None or not batch:
             return
         codes = self._codes
         live = len(batch)
         while live and codes[live - 1] == FINISHES:  # rows at the end that finish leave without moves
             live -= 1
-        if not live or max(codes[:live]) >= FINISHES:
-            return  # nothing to run, compaction will move rows (their slots change), or forced text
+        if not live or FINISHES in codes[:live]:
+            return  # nothing to run, or compaction will move rows (their slots change)
         rows = batch[:live]
-        length = self.runner.length_bucket(1 + max(s.length + len(s.pending) for s in rows))
-        self.runner.forward(batch_bucket(live), length)
-        self._ahead = (rows, length)
+        tokens = self._out[0][:live]
+        if FORCES in codes[:live]:
+            pending = scheduler.pending_after(rows, tokens)
+            self._forward_forced(pending, [s.length + len(s.pending) for s in rows])
+            self.ahead_forced += 1
+        else:
+            pending = [[t] for t in tokens]
+            self.runner.forward(batch_bucket(live), self.runner.length_bucket(1 + max(s.length + len(s.pending)
+                                                                                      for s in rows)))
+        self._ahead = (rows, pending)
         self.ahead_queued += 1
 
-    def _ahead_serves(self, ahead: tuple[list[Row], int] | None, old: list[Row]) -> bool:
+    @staticmethod
+    def _ahead_serves(ahead: tuple[list[Row], list[list[int]]] | None, old: list[Row]) -> bool:
         """Whether the forward queued ahead is this step's: the same rows in the same slots (a
-        prefix of them: rows at the end may have finished), each appending the one token it
-        sampled. It then attends at least as far as this step needs (its length was the longest
-        of those rows' lengths after their token)."""
+        prefix of them: rows at the end may have finished), each appending the tokens predicted.
+        It then attends as far as this step needs (its length was the longest of those rows'
+        lengths after their tokens)."""
         if ahead is None or len(old) > len(ahead[0]):
             return False
-        return all(a is b and len(p) == 1 and p[0] == t
-                   for a, b, t, p in zip(ahead[0], old, self._out[0], (s.pending for s in old)))
+        return all(a is s and p == s.pending for a, p, s in zip(ahead[0], ahead[1], old))
 
     def verify(self, batch: list[Row], rows: torch.Tensor, scheduler: Scheduler) -> list[list[int]]:
         """Speculative step: pending + draft of every row in one pass of the static decoder (a
@@ -171,13 +180,14 @@ class GraphStep:
         self._verified = True
         return verify_drafts(logits, batch, masks)
 
-    def _forward_forced(self, old: list[Row]) -> None:
-        """Rows appending several tokens (forced text): one pass of the verification graphs,
-        each row's logits after its last token into the step buffers."""
+    def _forward_forced(self, tokens: list[list[int]], starts: list[int]) -> None:
+        """Rows appending several tokens (forced text; row r: ``tokens[r]`` from KV column
+        ``starts[r]``): one pass of the verification graphs, each row's logits after its last
+        token into the step buffers."""
         run = self.runner
-        logits = run.verify_forward([s.pending for s in old], [s.length for s in old])
-        last, pos = self._upload([[len(s.pending) - 1 for s in old], [s.length + len(s.pending) - 1 for s in old]])
-        n = len(old)
+        logits = run.verify_forward(tokens, starts)
+        last, pos = self._upload([[len(t) - 1 for t in tokens], [s + len(t) - 1 for s, t in zip(starts, tokens)]])
+        n = len(tokens)
         run.logits[:n] = logits[torch.arange(n, device=run.device), last]
         run.pos[:n] = pos
 

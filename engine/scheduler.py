@@ -307,6 +307,7 @@ class Scheduler:
         self._stop_set = set(vocab.eos_token_ids)
         self._codes: list[int] | None = None  # this step's ``outcomes``, where the backend asked
         self._cap: int | None = None  # forced tokens a row appends this step (``_force_cap``; None: all)
+        self._runs: list[tuple[int, list[int]]] = []  # this step's rows that force text, and the runs (``outcomes``)
         self._nexts: list[int] = []  # ... and the states its tokens led to
         self.speculative = SpeculativeConfig.parse(speculative)
         self._drafters = self.speculative.build() if self.speculative is not None else []
@@ -849,7 +850,7 @@ class Scheduler:
         stops, forced = self._stop_set, self.backend.cache.forced
         codes: list[int] = []
         append = codes.append
-        runs: list[tuple[int, int]] = []  # (row, forced tokens it appends uncapped)
+        runs: list[tuple[int, list[int]]] = []  # (row, forced run after its token)
         for i, (s, t, g) in enumerate(zip(batch, tokens, nexts)):
             m = s.matcher
             left = s.budget - len(s.generated)
@@ -863,22 +864,44 @@ class Scheduler:
             req = s.request
             if left > 2 and req.force_tokens and req.grammar is not None and not s.tail:  # (``_may_force(s, 1)``)
                 run = forced.get(g) if g >= 0 else None  # (``_forced_after``, inline: once per row and step)
-                k = len(run) if run is not None else self._forced_after(s, t, g)
-                if k > 1:
-                    runs.append((i, min(k - 1, left - 2)))  # (``_force``'s room)
+                if run is None:
+                    run = self._forced_after(s, t, g)
+                if len(run) > 1:
+                    runs.append((i, run))
                     append(FORCES)
                     continue
                 if s.finish_reason is not None:  # its matcher raised predicting it
                     append(FINISHES)
                     continue
             append(ROUTINE if g >= 0 and type(m) is _Lagging else GOES_ON)
-        if runs and self.speculative is None:
-            self._cap = self._force_cap(batch, [n for _, n in runs])
+        if runs and self.speculative is None:  # (``_force``'s room: all but the last, the row holding its token)
+            self._cap = self._force_cap(batch, [min(len(run) - 1, s.budget - len(s.generated) - 2)
+                                                for s, run in ((batch[i], run) for i, run in runs)])
             if self._cap == 0:
                 for i, _ in runs:
                     codes[i] = DEFERS
-        self._codes, self._nexts = codes, nexts
+        self._codes, self._nexts, self._runs = codes, nexts, runs
         return codes
+
+    def pending_after(self, batch: list[Row], tokens: list[int]) -> list[list[int]]:
+        """The tokens each row of ``batch`` (a prefix of this step's) forwards next step, as
+        ``_take_step`` will leave them: its sampled token, then the forced tokens ``_force``
+        appends at this step's cap; predicted from ``outcomes`` for a backend queueing that
+        forward ahead. A wrong prediction (the grammar refusing text the cache tokenized, a
+        matcher failing) costs one forward, which the next step redoes."""
+        out = [[t] for t in tokens]
+        cap = self._cap
+        if cap != 0:
+            for i, run in self._runs:
+                if i < len(out):
+                    room = batch[i].budget - len(batch[i].generated) - 2  # (``_force``'s, the row holding its token)
+                    out[i] += run[:-1][:room if cap is None else min(room, cap)]
+        return out
+        for i, run in self._runs:
+            if i < len(out):
+                room = batch[i].budget - len(batch[i].generated) - 2  # (``_force``'s, once the row holds its token)
+                out[i] += run[:-1][:room if cap is None else min(room, cap)]
+        return out
 
     def _force_cap(self, batch: list[Row], runs: list[int]) -> int | None:
         """How many forced tokens each row appends this step (the rest of its text: its tail,
@@ -912,21 +935,21 @@ class Scheduler:
         req = s.request
         return req.grammar is not None and req.force_tokens and s.budget - len(s.generated) - ahead > 1
 
-    def _forced_after(self, s: Row, token: int, gid: int) -> int:
-        """Length of the forced run (``forced_ids``) after ``s`` takes ``token``, which leads to
-        the backend cache's state ``gid`` (-1: unknown, asked of the row's matcher); ``_force``
-        appends all but its last token."""
+    def _forced_after(self, s: Row, token: int, gid: int) -> list[int]:
+        """The forced run (``forced_ids``) after ``s`` takes ``token``, which leads to the backend
+        cache's state ``gid`` (-1: unknown, asked of the row's matcher); ``_force`` appends all
+        but its last token."""
         grammar = s.request.grammar
         assert grammar is not None
         if gid >= 0:
-            return len(self._forced_of(grammar, gid))
+            return self._forced_of(grammar, gid)
         try:
             local = grammar.next_state(s.matcher.state, token)
         except Exception as exc:  # a broken matcher ends its own request, not the batch
             self._fail_raised(s, exc, "predicting forced text")
-            return 0
+            return []
         # < 0: refused or a stop, the row ends
-        return len(self._forced_of(grammar, self.backend.cache.state_id(grammar, local))) if local >= 0 else 0
+        return self._forced_of(grammar, self.backend.cache.state_id(grammar, local)) if local >= 0 else []
 
     def forced_ids(self, s: Row) -> list[int]:
         """The canonical tokens of the forced text at ``s``'s state (while drafting: the state the

@@ -105,6 +105,7 @@ def test_graph_path_equals_eager_path(table: bool, temperature: float) -> None:
     assert [r.finish_reason for r in got][3:5] == ["stop", "length"]
     assert checker("json_schema", PERSON_SCHEMA)(got[3].text)
     assert backend.ahead_served > 0  # next steps' forwards queued ahead of the host's work
+    assert backend.ahead_forced > 0  # forced text's several-token passes too
     if table:
         assert backend.cache.misses > 0  # the host filled the table lazily
         assert backend.cache.close_rows > 0  # the close's masks came from the table too
