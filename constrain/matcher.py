@@ -165,13 +165,9 @@ class Matcher:
     def next_completions(self) -> list[float]:
         """The distinct shortest completions (bytes), ascending, of the states the allowed
         non-stop tokens lead to (empty after a stop token): where the budget-aware mask can
-        change (``budget_level``). One walk of the vocabulary: callers cache it per state."""
+        change (``budget_level``). One walk of the vocabulary, cached with the state's close masks."""
         s = self._history[-1]
-        if s == TERMINATED:
-            return []
-        automaton = self._automaton
-        _, nexts = automaton.transitions(s)
-        return sorted({automaton.table.min_completion(int(e)) for e in np.unique(nexts)})
+        return [] if s == TERMINATED else self._automaton.next_completions(s)
 
     def min_completion_bytes(self) -> float:
         """Bytes in the shortest completion of the document so far (0 when it may end here)."""

@@ -222,6 +222,34 @@ def test_budget_aware_close_always_ends_valid() -> None:
         assert used <= budget
 
 
+def test_budget_masks_equal_the_per_token_rule() -> None:
+    """At states along random walks and every budget around their levels, the close's mask (all
+    levels from one walk) equals its rule token by token: a token is allowed iff the state it
+    leads to has a shortest completion within the budget; its levels are those completions."""
+    vocab = gpt2()
+    compiled = constrain.compile_grammar(RECORD, vocab)
+    table = compiled._automaton.table
+    rng = np.random.default_rng(11)
+    bits = constrain.allocate_token_bitmask(1, vocab.vocab_size)
+    for _ in range(6):
+        m = compiled.matcher()
+        for _ in range(12):
+            allowed = sorted(t for t in oracle_allowed(compiled, m.state) if t not in vocab.eos_token_ids)
+            completion = {t: table.min_completion(compiled.next_state(m.state, t)) for t in allowed}
+            assert m.next_completions() == sorted(set(completion.values()))
+            for left in {2, *(int(c) + d for c in completion.values() for d in (1, 2, 3))}:
+                if not m.budget_binds(left):
+                    continue
+                m.fill_next_token_bitmask(bits, 0, tokens_left=left)
+                got = set(np.nonzero(np.unpackbits(bits.numpy().view(np.uint8), bitorder="little"))[0].tolist())
+                fits = {t for t, c in completion.items() if c <= left - 2}
+                want = fits | (set(vocab.eos_token_ids) if m.is_accepting() else set())
+                assert got == want
+            if not allowed:
+                break
+            assert m.accept_token(int(rng.choice(allowed)))
+
+
 def test_min_completion_bytes() -> None:
     compiled = constrain.compile_grammar(RECORD, gpt2())
     m = compiled.matcher()
