@@ -897,11 +897,6 @@ class Scheduler:
                     room = batch[i].budget - len(batch[i].generated) - 2  # (``_force``'s, the row holding its token)
                     out[i] += run[:-1][:room if cap is None else min(room, cap)]
         return out
-        for i, run in self._runs:
-            if i < len(out):
-                room = batch[i].budget - len(batch[i].generated) - 2  # (``_force``'s, once the row holds its token)
-                out[i] += run[:-1][:room if cap is None else min(room, cap)]
-        return out
 
     def _force_cap(self, batch: list[Row], runs: list[int]) -> int | None:
         """How many forced tokens each row appends this step (the rest of its text: its tail,
