@@ -63,7 +63,8 @@ class GraphStep:
         self._out: list[list[int]] = [[], [], []]  # the last step's tokens, states after, miss flags
         self._codes: list[int] = []  # the last step's ``Scheduler.outcomes``
         self._verified = False  # the last step was a speculative one
-        self._ahead: tuple[list[Row], list[list[int]]] | None = None  # rows and their tokens of a forward queued ahead
+        # rows and their tokens of a forward queued ahead, and whether it was a several-token pass
+        self._ahead: tuple[list[Row], list[list[int]], bool] | None = None
         self.ahead_queued = self.ahead_served = 0  # forwards queued ahead; of them, used by their step
         self.ahead_forced = 0  # of the queued, several-token passes of forced text
         self.steps = 0
@@ -104,7 +105,7 @@ class GraphStep:
         if old:
             if self._ahead_serves(ahead, old):
                 self.ahead_served += 1
-            elif all(len(s.pending) == 1 for s in old):
+            elif all(len(s.pending) == 1 for s in old) and not (ahead is not None and ahead[2]):
                 run.forward(batch_bucket(n_old), run.length_bucket(1 + max(s.length for s in old)))
             else:
                 self._forward_forced([s.pending for s in old], [s.length for s in old])
@@ -146,19 +147,21 @@ class GraphStep:
             pending = scheduler.pending_after(rows, tokens)
             self._forward_forced(pending, [s.length + len(s.pending) for s in rows])
             self.ahead_forced += 1
+            self._ahead = (rows, pending, True)
         else:
             pending = [[t] for t in tokens]
             self.runner.forward(batch_bucket(live), self.runner.length_bucket(1 + max(s.length + len(s.pending)
                                                                                       for s in rows)))
-        self._ahead = (rows, pending)
+            self._ahead = (rows, pending, False)
         self.ahead_queued += 1
 
     @staticmethod
-    def _ahead_serves(ahead: tuple[list[Row], list[list[int]]] | None, old: list[Row]) -> bool:
+    def _ahead_serves(ahead: tuple[list[Row], list[list[int]], bool] | None, old: list[Row]) -> bool:
         """Whether the forward queued ahead is this step's: the same rows in the same slots (a
         prefix of them: rows at the end may have finished), each appending the tokens predicted.
         It then attends as far as this step needs (its length was the longest of those rows'
-        lengths after their tokens)."""
+        lengths after their tokens). One that is not left the step buffers' positions where a
+        several-token pass put them: the step's own forward then rewrites them (``step``)."""
         if ahead is None or len(old) > len(ahead[0]):
             return False
         return all(a is s and p == s.pending for a, p, s in zip(ahead[0], ahead[1], old))

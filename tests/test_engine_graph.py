@@ -134,6 +134,19 @@ def test_forced_text_a_token_a_step_equals_appending_it(wide: str) -> None:
         assert backend.cache.chain_rows > 0 if table else backend.cache.chain_rows == 0
 
 
+def test_forward_queued_ahead_on_a_wrong_prediction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forced-text pass queued ahead on a prediction the step then contradicts (here every
+    one: rows predicted to force text append none) is redone by the step: the tokens equal the
+    eager path's under the same rule."""
+    eng = engine()
+    reqs = [r for r in _requests(eng) if r.sampling.top_k == 0]
+    monkeypatch.setattr(Scheduler, "_force", lambda self, s, gid=-1: None)  # predicted, never appended
+    want = _eager(eng, reqs)
+    got, backend = _graph(eng, reqs, max_batch=2)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert backend.ahead_forced > 0 and backend.ahead_served < backend.ahead_queued
+
+
 def test_wide_states_get_a_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """States wider than EXPAND_MAX_TOKENS get a default next state plus hashed exceptions; the
     tokens equal the eager path's and the table then serves their steps without misses."""
