@@ -9,7 +9,8 @@
 #   call 2 (carry .whl .whl_anchors .bench_data/schemas.json .gguf/part2 .gguf/SHA256):
 #           bash bench/engine_h200.sh smollm2
 #   (name the files: .bench_data as a whole, with its copy of the corpus, pushes a call over 64 MiB;
-#   three sweeps by default: smollm2 ~160 s, llama8b ~200 s)
+#   three sweeps by default: smollm2 ~190 s, llama8b ~280 s; further arguments go to engine_gpu.py,
+#   e.g. --modes none,constrain,constrain_defaults)
 #     then, with the model joined in /tmp (carry .whl .whl_anchors .bench_data): ... extraction,
 #     ... speculative [bench.speculative's flags], ... draft_head [bench.draft_head's flags]
 #   no model (carry .whl .whl_anchors .whl_llama .bench_full: a copy of ../shared/data): ... batch_fill
@@ -72,10 +73,10 @@ case "${1:-}" in
         cp .gguf/part1 /tmp/gguf.part1 ;;
     llama8b)
         cp .gguf/part1 /tmp/gguf.part1
-        suite llama8b ;;
+        suite llama8b "${@:2}" ;;
     smollm2)
         join_gguf
-        suite smollm2 --model "$GGUF" ;;
+        suite smollm2 --model "$GGUF" "${@:2}" ;;
     extraction)
         join_gguf
         # bench.extraction reads the corpus from ../shared/data beside the checkout.
