@@ -63,8 +63,8 @@ class GraphStep:
         self._out: list[list[int]] = [[], [], []]  # the last step's tokens, states after, miss flags
         self._codes: list[int] = []  # the last step's ``Scheduler.outcomes``
         self._verified = False  # the last step was a speculative one
-        # rows and their tokens of a forward queued ahead, and whether it was a several-token pass
-        self._ahead: tuple[list[Row], list[list[int]], bool] | None = None
+        # rows of a forward queued ahead, and the tokens predicted for a several-token pass (None: one each)
+        self._ahead: tuple[list[Row], list[list[int]] | None] | None = None
         self.ahead_queued = self.ahead_served = 0  # forwards queued ahead; of them, used by their step
         self.ahead_forced = 0  # of the queued, several-token passes of forced text
         self.steps = 0
@@ -105,7 +105,7 @@ class GraphStep:
         if old:
             if self._ahead_serves(ahead, old):
                 self.ahead_served += 1
-            elif all(len(s.pending) == 1 for s in old) and not (ahead is not None and ahead[2]):
+            elif all(len(s.pending) == 1 for s in old) and (ahead is None or ahead[1] is None):
                 run.forward(batch_bucket(n_old), run.length_bucket(1 + max(s.length for s in old)))
             else:
                 self._forward_forced([s.pending for s in old], [s.length for s in old])
@@ -139,24 +139,22 @@ class GraphStep:
         live = len(batch)
         while live and codes[live - 1] == FINISHES:  # rows at the end that finish leave without moves
             live -= 1
-        if not live or FINISHES in codes[:live]:
+        kinds = set(codes[:live])
+        if not live or FINISHES in kinds:
             return  # nothing to run, or compaction will move rows (their slots change)
         rows = batch[:live]
-        tokens = self._out[0][:live]
-        if FORCES in codes[:live]:
-            pending = scheduler.pending_after(rows, tokens)
+        if FORCES in kinds:
+            pending = scheduler.pending_after(rows, self._out[0][:live])
             self._forward_forced(pending, [s.length + len(s.pending) for s in rows])
+            self._ahead = (rows, pending)
             self.ahead_forced += 1
-            self._ahead = (rows, pending, True)
         else:
-            pending = [[t] for t in tokens]
             self.runner.forward(batch_bucket(live), self.runner.length_bucket(1 + max(s.length + len(s.pending)
                                                                                       for s in rows)))
-            self._ahead = (rows, pending, False)
+            self._ahead = (rows, None)
         self.ahead_queued += 1
 
-    @staticmethod
-    def _ahead_serves(ahead: tuple[list[Row], list[list[int]], bool] | None, old: list[Row]) -> bool:
+    def _ahead_serves(self, ahead: tuple[list[Row], list[list[int]] | None] | None, old: list[Row]) -> bool:
         """Whether the forward queued ahead is this step's: the same rows in the same slots (a
         prefix of them: rows at the end may have finished), each appending the tokens predicted.
         It then attends as far as this step needs (its length was the longest of those rows'
@@ -164,7 +162,10 @@ class GraphStep:
         several-token pass put them: the step's own forward then rewrites them (``step``)."""
         if ahead is None or len(old) > len(ahead[0]):
             return False
-        return all(a is s and p == s.pending for a, p, s in zip(ahead[0], ahead[1], old))
+        rows, pending = ahead
+        if pending is None:  # each row's one sampled token
+            return all(a is s and len(s.pending) == 1 and s.pending[0] == t for a, s, t in zip(rows, old, self._out[0]))
+        return all(a is s and p == s.pending for a, p, s in zip(rows, pending, old))
 
     def verify(self, batch: list[Row], rows: torch.Tensor, scheduler: Scheduler) -> list[list[int]]:
         """Speculative step: pending + draft of every row in one pass of the static decoder (a

@@ -307,7 +307,7 @@ class Scheduler:
         self._stop_set = set(vocab.eos_token_ids)
         self._codes: list[int] | None = None  # this step's ``outcomes``, where the backend asked
         self._cap: int | None = None  # forced tokens a row appends this step (``_force_cap``; None: all)
-        self._runs: list[tuple[int, list[int]]] = []  # this step's rows that force text, and the runs (``outcomes``)
+        self._runs: list[tuple[int, list[int]]] = []  # this step's rows that force text, and their tokens (``outcomes``)
         self._nexts: list[int] = []  # ... and the states its tokens led to
         self.speculative = SpeculativeConfig.parse(speculative)
         self._drafters = self.speculative.build() if self.speculative is not None else []
@@ -850,7 +850,7 @@ class Scheduler:
         stops, forced = self._stop_set, self.backend.cache.forced
         codes: list[int] = []
         append = codes.append
-        runs: list[tuple[int, list[int]]] = []  # (row, forced run after its token)
+        runs: list[tuple[int, list[int]]] = []  # (row, the forced tokens ``_force`` appends uncapped)
         for i, (s, t, g) in enumerate(zip(batch, tokens, nexts)):
             m = s.matcher
             left = s.budget - len(s.generated)
@@ -867,16 +867,15 @@ class Scheduler:
                 if run is None:
                     run = self._forced_after(s, t, g)
                 if len(run) > 1:
-                    runs.append((i, run))
+                    runs.append((i, run[:-1][:left - 2]))  # (all but the last, within ``_force``'s room)
                     append(FORCES)
                     continue
                 if s.finish_reason is not None:  # its matcher raised predicting it
                     append(FINISHES)
                     continue
             append(ROUTINE if g >= 0 and type(m) is _Lagging else GOES_ON)
-        if runs and self.speculative is None:  # (``_force``'s room: all but the last, the row holding its token)
-            self._cap = self._force_cap(batch, [min(len(run) - 1, s.budget - len(s.generated) - 2)
-                                                for s, run in ((batch[i], run) for i, run in runs)])
+        if runs and self.speculative is None:
+            self._cap = self._force_cap(batch, [len(run) for _, run in runs])
             if self._cap == 0:
                 for i, _ in runs:
                     codes[i] = DEFERS
@@ -894,8 +893,7 @@ class Scheduler:
         if cap != 0:
             for i, run in self._runs:
                 if i < len(out):
-                    room = batch[i].budget - len(batch[i].generated) - 2  # (``_force``'s, the row holding its token)
-                    out[i] += run[:-1][:room if cap is None else min(room, cap)]
+                    out[i] += run if cap is None else run[:cap]
         return out
 
     def _force_cap(self, batch: list[Row], runs: list[int]) -> int | None:

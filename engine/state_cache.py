@@ -188,12 +188,10 @@ class StateCache:
         end = states[-1]
         self._store([end])
         rows = [self._new_row(self._state(g)) for g in states[:-1]]
-        words = np.zeros((len(rows), self.table.words), dtype=np.uint32)
-        for j, t in enumerate(tokens):
-            words[j, t >> 5] = 1 << (t & 31)
+        for j in range(len(tokens)):
             rest = tuple(tokens[j:])
             self._chains[(states[j], rest)] = self._chains[(rows[j], rest)] = rows[j]
-        self._add_rows(rows, words.view(np.int32))
+        self._add_rows(rows, self._one_hot(tokens))
         self.chain_rows += len(rows)
         self.table.add_transitions(np.array(rows), np.array(tokens), np.array(rows[1:] + [end]))
         return rows[0]
@@ -252,10 +250,15 @@ class StateCache:
         tid = self._tokens.get(token)
         if tid is None:
             tid = self._tokens[token] = self._new_row(None)
-            words = np.zeros((1, self.table.words), dtype=np.uint32)
-            words[0, token >> 5] = 1 << (token & 31)
-            self._add_rows([tid], words.view(np.int32))
+            self._add_rows([tid], self._one_hot([token]))
         return tid
+
+    def _one_hot(self, tokens: Sequence[int]) -> np.ndarray:
+        """Mask rows (len(tokens), words), row j allowing ``tokens[j]`` alone."""
+        t = np.asarray(tokens, dtype=np.int64)
+        words = np.zeros((len(t), self.table.words), dtype=np.uint32)
+        words[np.arange(len(t)), t >> 5] = np.left_shift(np.uint32(1), (t & 31).astype(np.uint32))
+        return words.view(np.int32)
 
     def write_scratch(self, rows: Sequence[int], masks: torch.Tensor) -> None:
         """Mask rows ``masks`` (len(rows), words) into the scratch ids of batch ``rows``."""
