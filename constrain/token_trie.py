@@ -15,8 +15,6 @@ Where the C++ core is built, the trie also carries its packed depth-first twin
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,10 +33,6 @@ class TrieLevel:
     start: int
     byte: np.ndarray    # uint8[n]: the byte that leads into the node (a view of TokenTrie.byte)
     parent: np.ndarray  # int64[n]: the parent's index within the previous level (0 at depth 0)
-
-
-# Slices kept per trie (each: a mask and a few thousand exit nodes, some 30 KB on a 128k vocabulary).
-MAX_SLICES = 64
 
 
 class TokenTrie:
@@ -61,8 +55,6 @@ class TokenTrie:
         self.end_tokens = np.zeros(0, np.int32)
         self.end_node = empty
         self.packed: _core.PackedTrie | None = None  # where the core is built and every token fits
-        self._slices: OrderedDict[bytes, _core.Slice] = OrderedDict()
-        self._slices_lock = threading.Lock()
         if _core is not None:
             try:
                 self.packed = _core.PackedTrie(token_bytes)
@@ -77,22 +69,11 @@ class TokenTrie:
     def depth(self) -> int:
         return len(self.levels)
 
-    def slice(self, flags: np.ndarray) -> _core.Slice:
-        """The packed trie's slice of the byte set ``flags`` (bool[256]), made once and shared by
-        every grammar of this vocabulary (string bodies loop on the same bytes everywhere)."""
-        assert self.packed is not None
-        key = np.packbits(flags).tobytes()
-        with self._slices_lock:
-            got = self._slices.get(key)
-            if got is not None:
-                self._slices.move_to_end(key)
-                return got
-        got = self.packed.slice(flags)
-        with self._slices_lock:
-            self._slices[key] = got
-            while len(self._slices) > MAX_SLICES:
-                self._slices.popitem(last=False)
-        return got
+    def estimated_bytes(self) -> int:
+        """Bytes held: the node arrays and the packed trie with the slices it keeps (which grow)."""
+        arrays = sum(v.nbytes for v in vars(self).values() if isinstance(v, np.ndarray))
+        parents = sum(level.parent.nbytes for level in self.levels)  # (a level's bytes are a view)
+        return arrays + parents + (self.packed.nbytes if self.packed is not None else 0)
 
     def prefix(self, node: int) -> bytes:
         """The bytes that lead from the root to ``node``."""

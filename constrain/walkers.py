@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from constrain.derivatives import byte_flags
-from constrain.token_trie import TokenTrie, _core, expand_ranges
+from constrain.token_trie import TokenTrie, expand_ranges
 
 
 class RowSource(Protocol):
@@ -62,15 +62,12 @@ def _grouped(states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return group.reshape(-1), one
 
 
-# A state that loops on at least this many bytes takes its slice (TokenTrie.slice) in a mask walk.
-MIN_SLICE_BYTES = 16
-
-
 class NativeWalker:
     """Walks in C++ over the packed trie; rows are filled through the table as walks meet them.
 
-    A mask from a state that loops on many bytes (a string body, a run of digits) takes the
-    tokens made of those bytes from the vocabulary's slice and walks only the rest.
+    A walk from a state that loops on many bytes (a string body, a run of digits), or that leads
+    to one (a key's first bytes, an opening quote), takes the tokens that stay in the loop from the
+    vocabulary's slice of those bytes and walks only the rest (``PackedTrie.mask``).
     """
 
     kind = "native"
@@ -92,25 +89,13 @@ class NativeWalker:
             tokens, nexts = self.packed.transitions(self.table, state)
         return tokens, nexts
 
-    def _slice(self, state: int, ends: bool) -> _core.Slice | None:
-        """The slice of the bytes that lead ``state`` back to itself, where there are enough of
-        them (and, for a walk that records ends, where no end is entered from ``state``)."""
-        table = self.table
-        if table.first_bytes(state).bit_count() < MIN_SLICE_BYTES:  # (a superset of the loop's bytes)
-            return None
-        table.ensure_rows((state,))
-        loop = table.rows[state] == state
-        if int(np.count_nonzero(loop)) < MIN_SLICE_BYTES or (ends and table.row_nullable[state]):
-            return None
-        return self.trie.slice(loop)
-
     def mask(self, state: int) -> np.ndarray:
         with self.table.work():
-            return self._fit(self.packed.mask(self.table, state, self._slice(state, False)))
+            return self._fit(self.packed.mask(self.table, state))
 
     def head(self, head: int) -> HeadWalk:
         with self.table.work():
-            words, nodes, states = self.packed.head_mask(self.table, head, self._slice(head, True))
+            words, nodes, states = self.packed.head_mask(self.table, head)
         group, one = _grouped(states)
         paths = [self.packed.path(int(nodes[i]))[:-1] for i in one]
         return HeadWalk(self._fit(words), nodes, group, paths)

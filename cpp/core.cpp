@@ -2,6 +2,7 @@
 // constrain/automaton.py is its reference twin.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -151,25 +152,25 @@ nb::tuple transitions(const PackedTrie& trie, nb::handle table, int32_t start) {
     return nb::make_tuple(to_numpy(std::move(result->tokens), size), to_numpy(std::move(result->states), size));
 }
 
-IntArray mask(const PackedTrie& trie, nb::handle table, int32_t start, const Slice* slice) {
+IntArray mask(const PackedTrie& trie, nb::handle table, int32_t start, bool slices) {
     check_state(start, "mask");
     TableView rows(table);
     auto words = zeroed_words(trie);
     {
         nb::gil_scoped_release release;
-        trie.mask(start, rows.rows(), [&](int32_t s) { return rows.fill(s); }, words.get(), nullptr, slice);
+        trie.mask(start, rows.rows(), [&](int32_t s) { return rows.fill(s); }, words.get(), nullptr, slices);
     }
     return words_array(trie, std::move(words));
 }
 
-nb::tuple head_mask(const PackedTrie& trie, nb::handle table, int32_t start, const Slice* slice) {
+nb::tuple head_mask(const PackedTrie& trie, nb::handle table, int32_t start, bool slices) {
     check_state(start, "head_mask");
     TableView rows(table);
     auto words = zeroed_words(trie);
     constrain::Ends ends;
     {
         nb::gil_scoped_release release;
-        trie.mask(start, rows.rows(), [&](int32_t s) { return rows.fill(s); }, words.get(), &ends, slice);
+        trie.mask(start, rows.rows(), [&](int32_t s) { return rows.fill(s); }, words.get(), &ends, slices);
     }
     return nb::make_tuple(words_array(trie, std::move(words)), to_numpy(std::move(ends.nodes)),
                           to_numpy(std::move(ends.states)));
@@ -199,9 +200,12 @@ IntArray mask_below(const PackedTrie& trie, nb::handle table, const Ids& nodes, 
 
 using ByteFlags = nb::ndarray<const bool, nb::shape<256>, nb::c_contig, nb::device::cpu>;
 
-Slice make_slice(const PackedTrie& trie, const ByteFlags& bytes) {
+using Region = nb::ndarray<const int8_t, nb::shape<-1, 256>, nb::c_contig, nb::device::cpu>;
+
+std::shared_ptr<const Slice> make_slice(const PackedTrie& trie, const Region& next) {
+    std::vector<int8_t> entries(next.data(), next.data() + next.size());
     nb::gil_scoped_release release;
-    return trie.slice(bytes.data());
+    return trie.slice(entries);
 }
 
 IntArray outermost(const PackedTrie& trie, const Ids& nodes, const ByteFlags& bytes) {
@@ -255,14 +259,6 @@ int32_t checked(const ExprCore& core, int64_t e, const char* what) {
 // A byte set (or any little-endian words) as a Python int.
 nb::object as_int(const uint64_t* words, size_t n) {
     return nb::steal(_PyLong_FromByteArray(reinterpret_cast<const unsigned char*>(words), n * 8, 1, 0));
-}
-
-// A byte set held in a Python int (an IR Bytes mask), as words.
-ByteSet byte_set_of(nb::handle value) {
-    nb::bytes data = nb::borrow<nb::bytes>(value.attr("to_bytes")(32, "little"));
-    ByteSet out;
-    std::memcpy(out.data(), data.c_str(), 32);
-    return out;
 }
 
 nb::str interned(const char* name) { return nb::steal<nb::str>(PyUnicode_InternFromString(name)); }
@@ -614,9 +610,12 @@ NB_MODULE(_core, m) {
     bind_expr_core(m);
     m.doc() = "The token automaton's hot path in C++ (the Python automaton is its reference twin).";
     nb::class_<Slice>(m, "Slice",
-                      "A byte set's slice of a vocabulary: the tokens made of those bytes only, and the trie nodes "
-                      "where a token first leaves the set (``PackedTrie.slice``).")
-        .def_prop_ro("exit_count", [](const Slice& s) { return s.exits.size(); }, "Nodes where a token leaves the set.");
+                      "A region's slice of a vocabulary (``PackedTrie.slice``): the tokens whose bytes keep to the "
+                      "region from its state 0, and, below the root's children, the tokens whose further bytes keep "
+                      "to it and the nodes where the bytes leave it.")
+        .def_prop_ro("exit_count", [](const Slice& s) { return s.exits.size(); }, "Nodes where a token leaves the set.")
+        .def_prop_ro("token_count", [](const Slice& s) { return s.token_ids.size(); },
+                     "Tokens of two bytes or more whose bytes after the first keep to the region.");
     nb::class_<PackedTrie>(
         m, "PackedTrie",
         "Byte trie of a vocabulary, one 8-byte node per trie node in depth-first order. Immutable and safe to share "
@@ -633,16 +632,16 @@ NB_MODULE(_core, m) {
              "A copy of the nodes as uint32[n, 2]: (token << 8 | byte, subtree size << 8 | depth).")
         .def("transitions", &transitions, "table"_a, "start"_a,
              "Every token allowed from ``start`` and the state each leads to, as two int32 arrays in byte order.")
-        .def("mask", &mask, "table"_a, "start"_a, "slice"_a = nb::none(),
-             "The mask words of the tokens allowed from ``start``. With ``slice`` (the caller promises that "
-             "every byte of its set leads ``start`` back to itself), its tokens are allowed at once and only the "
-             "nodes below its exits are walked.")
-        .def("head_mask", &head_mask, "table"_a, "start"_a, "slice"_a = nb::none(),
+        .def("mask", &mask, "table"_a, "start"_a, "slices"_a = true,
+             "The mask words of the tokens allowed from ``start``. With ``slices``, a state that ``start`` leads to "
+             "(or ``start`` itself) looping on many bytes lends its slice: the same words, fewer nodes walked.")
+        .def("head_mask", &head_mask, "table"_a, "start"_a, "slices"_a = true,
              "``mask`` and where a token may leave ``start``'s language: every node (live or not) entered from a "
-             "state that may end there, and that state, as int32 arrays in depth-first order. A ``slice`` is "
-             "only for a ``start`` that may not end there.")
-        .def("slice", &make_slice, "bytes"_a.noconvert(),
-             "The slice of the byte set ``bytes`` (bool[256]), for ``mask`` from states that loop on it.")
+             "state that may end there, and that state, as int32 arrays in depth-first order.")
+        .def("slice", &make_slice, "next"_a.noconvert(),
+             "The slice of a region (int8[states, 256]: the state after each byte, -1 where the bytes leave "
+             "it; state 0 is the one a walk skips from), made once and kept with the trie.")
+        .def_prop_ro("nbytes", &PackedTrie::nbytes, "Bytes held: the nodes and the slices kept.")
         .def("mask_below", &mask_below, "table"_a, "nodes"_a.noconvert(), "parents"_a.noconvert(),
              "The mask words of the tokens allowed at or below each of ``nodes`` (int32, none in another's "
              "subtree), entered from the state ``parents[i]`` at the node's parent.")

@@ -74,20 +74,81 @@ PackedTrie::PackedTrie(const std::vector<std::string_view>& token_bytes)
     nodes_[0].size_depth = static_cast<uint32_t>(nodes_.size()) << 8;
 }
 
-Slice PackedTrie::slice(const bool* bytes) const {
+Slice PackedTrie::make_slice(const std::vector<int8_t>& next) const {
     Slice out;
+    out.states = static_cast<int>(next.size() / 256);
+    out.next = next;
     out.words.assign((n_ids_ + 31) / 32, 0);
-    auto visit = bit_setter(out.words.data());
-    for (size_t p = 1; p < nodes_.size();) {  // every node here has all its ancestors' bytes in the set
-        const TrieNode n = nodes_[p];
-        if (!bytes[n.byte()]) {
-            out.exits.push_back(static_cast<int32_t>(p));
-            p += n.subtree_size();
-            continue;
+    out.token_words.assign((n_ids_ + 31) / 32, 0);
+    // One run of the region over the trie: from the root (the root part), or from the state the
+    // first byte leads to (the relative part). `keep(node, token)` for a node that keeps to it,
+    // `leave(node, parent's state)` for one where the bytes leave it (its subtree is not entered).
+    auto run = [&](bool relative, auto&& keep, auto&& leave) {
+        int8_t region[MAX_DEPTH + 1];  // per depth on the current path: the region state
+        region[0] = 0;
+        for (size_t p = 1; p < nodes_.size();) {
+            const TrieNode n = nodes_[p];
+            const uint32_t d = n.depth();
+            const int8_t q = relative && d == 1 ? out.first_state(n.byte()) : next[region[d - 1] * 256 + n.byte()];
+            if (q < 0) {
+                leave(p, region[d - 1]);
+                p += n.subtree_size();
+                continue;
+            }
+            region[d] = q;
+            if (!relative || d >= 2) keep(p, n.token());
+            ++p;
         }
-        visit(n.token(), 0);
-        ++p;
+    };
+    auto to_words = bit_setter(out.words.data());
+    run(false, [&](size_t, uint32_t tok) { to_words(tok, 0); }, [&](size_t p, int8_t from) {
+        out.root_exits.push_back(static_cast<int32_t>(p));
+        out.root_exit_from.push_back(from);
+    });
+    run(true, [&](size_t p, uint32_t tok) {
+        if (tok == NO_TOKEN) return;
+        const bool group = tok >= n_ids_;
+        const uint32_t first = group ? group_start_[tok - n_ids_] : 0, last = group ? group_start_[tok - n_ids_ + 1] : 1;
+        for (uint32_t i = first; i < last; ++i) {
+            const auto t = group ? static_cast<uint32_t>(group_tokens_[i]) : tok;
+            out.token_nodes.push_back(static_cast<int32_t>(p));
+            out.token_ids.push_back(static_cast<int32_t>(t));
+            out.token_words[t >> 5] |= 1u << (t & 31);
+        }
+    }, [&](size_t p, int8_t from) {
+        out.exits.push_back(static_cast<int32_t>(p));
+        out.exit_from.push_back(from);
+    });
+    return out;
+}
+
+std::shared_ptr<const Slice> PackedTrie::slice(const std::vector<int8_t>& next) const {
+    if (next.empty() || next.size() % 256 != 0 || next.size() > MAX_REGION_STATES * 256)
+        throw std::invalid_argument("PackedTrie.slice: a region has 1 to " + std::to_string(MAX_REGION_STATES) +
+                                    " states of 256 entries");
+    const auto states = static_cast<int>(next.size() / 256);
+    for (const int8_t q : next)
+        if (q < -1 || q >= states) throw std::invalid_argument("PackedTrie.slice: a region's entry is -1 or a state");
+    {
+        std::lock_guard<std::mutex> hold(slices_->mutex);
+        auto& kept = slices_->kept;
+        for (size_t i = 0; i < kept.size(); ++i) {
+            if (kept[i]->next != next) continue;
+            std::rotate(kept.begin() + i, kept.begin() + i + 1, kept.end());  // now the most recent
+            return kept.back();
+        }
     }
+    auto made = std::make_shared<const Slice>(make_slice(next));  // outside the lock: two passes over the nodes
+    std::lock_guard<std::mutex> hold(slices_->mutex);
+    slices_->kept.push_back(made);
+    if (slices_->kept.size() > MAX_SLICES) slices_->kept.erase(slices_->kept.begin());
+    return made;
+}
+
+size_t PackedTrie::nbytes() const {
+    size_t out = sizeof(PackedTrie) + nodes_.size() * sizeof(TrieNode) + (group_start_.size() + group_tokens_.size()) * 4;
+    std::lock_guard<std::mutex> hold(slices_->mutex);
+    for (const auto& s : slices_->kept) out += s->nbytes();
     return out;
 }
 

@@ -6,11 +6,14 @@
 // from is read off a per-depth stack: no explicit pops. The layout follows llguidance's toktrie.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace constrain {
@@ -37,14 +40,42 @@ struct RowTable {
     bool has_row(int32_t s) const { return static_cast<size_t>(s) < n_states && done[s]; }
 };
 
-// A byte set's slice of the vocabulary (llguidance's slicer, for any state that loops on many
-// bytes): the tokens made of those bytes only, as mask words, and the exit nodes, those whose own
-// byte is outside the set and all of whose ancestors' bytes are inside it, in depth-first order.
-// From a state that every byte of the set leads back to, a walk sets the slice's words and walks
-// only below the exit nodes, each entered from that state.
+// A region's slice of the vocabulary (llguidance's slicer, generalised): what lets a walk skip the
+// subtree of a node it entered in a state T from which most bytes keep to a few states (a string
+// body: T loops on the characters, a UTF-8 lead byte goes to a state that expects continuation
+// bytes and returns to T). The region is a small automaton over those states, 0 being T:
+// next[q * 256 + b] is the state after byte b, or -1 where the walk leaves it. Below a node
+// entered in (the real state of) a region state, every token whose further bytes keep to the
+// region is allowed at once (every
+// region state is live), and only the subtrees of the nodes where the bytes leave it are walked,
+// each entered from the real state of its parent. Grammars share a slice: string bodies make the
+// same region everywhere.
+//
+// The relative part serves a node of depth >= 1 entered in the real state of a region state (a
+// key's first bytes, an opening quote, a UTF-8 lead byte): the region is run from the state the
+// first byte leads state 0 to (0 where the byte leaves the region); depth-first order keeps the
+// entries below a node contiguous. The root part serves the state T itself: the region run from
+// the root.
 struct Slice {
-    std::vector<uint32_t> words;
-    std::vector<int32_t> exits;
+    int states = 0;
+    std::vector<int8_t> next;          // states * 256
+    std::vector<uint32_t> words;       // root part: the tokens that keep to the region
+    std::vector<int32_t> root_exits;   // root part: the nodes where the bytes leave it ...
+    std::vector<int8_t> root_exit_from;  // ... and the region state of their parents
+    std::vector<int32_t> token_nodes;  // relative part: nodes of depth >= 2 of the tokens that keep to it ...
+    std::vector<int32_t> token_ids;    // ... and their ids (a duplicate group: one entry per id) ...
+    std::vector<uint32_t> token_words;  // ... and as mask words
+    std::vector<int32_t> exits;        // relative part: nodes of depth >= 2 where the bytes leave it ...
+    std::vector<int8_t> exit_from;     // ... and the region state of their parents
+
+    // The region state the relative part takes after the first byte `b`: the one `b` leads state
+    // 0 to, or 0 where `b` leaves the region (an opening quote: the walk checks the real state).
+    int8_t first_state(uint8_t b) const { return next[b] < 0 ? 0 : next[b]; }
+
+    size_t nbytes() const {
+        return sizeof(Slice) + next.size() + (words.size() + token_words.size()) * 4 + root_exits.size() * 5 +
+               (token_nodes.size() + token_ids.size()) * 4 + exits.size() * 5;
+    }
 };
 
 // Where a walk of a head alone may cross into a tail: every node (live or not) entered from a
@@ -97,14 +128,22 @@ public:
     WalkResult walk(int32_t start, RowTable table, Fill&& fill) const;
 
     // The same tokens as bits: words[t / 32] bit t % 32 set for each (words: ceil(ids / 32), zeroed).
-    // With `ends`, also where the walk may cross into a tail (see Ends). With `slice`, the caller
-    // promises that every byte of the slice's set leads `start` back to itself and, with `ends`,
-    // that `start` may not end there (no node entered from it is an end).
+    // With `ends`, also where the walk may cross into a tail (see Ends). With `slices`, a state the
+    // start leads to (or the start itself) that loops on at least MIN_SLICE_BYTES bytes lends the
+    // slice of its region to the walk (see Slice): the same tokens, fewer nodes walked.
     template <class Fill>
-    void mask(int32_t start, RowTable table, Fill&& fill, uint32_t* words, Ends* ends, const Slice* slice) const;
+    void mask(int32_t start, RowTable table, Fill&& fill, uint32_t* words, Ends* ends, bool slices) const;
 
-    // The slice of the byte set `bytes` (flags per byte).
-    Slice slice(const bool* bytes) const;
+    // The slice of the region `next` (see Slice), made once and kept (the last MAX_SLICES).
+    std::shared_ptr<const Slice> slice(const std::vector<int8_t>& next) const;
+
+    // Bytes held: the nodes, the duplicate groups and the slices kept.
+    size_t nbytes() const;
+
+    // A state loops on at least this many bytes to lend a slice (fewer: its walk is short anyway).
+    static constexpr int MIN_SLICE_BYTES = 16;
+    static constexpr int MAX_REGION_STATES = 16;
+    static constexpr size_t MAX_SLICES = 16;
 
     // Tokens allowed below each of `nodes` (each with its subtree), entered from the state
     // `parents[i]` at the node's parent, ORed into `words`. Nodes must not lie in each other's subtrees.
@@ -120,9 +159,30 @@ public:
     std::string path(uint32_t node) const;
 
 private:
-    template <bool Enter, class Fill, class Visit, class EnterFn>
+    // Asked at every live node with children, after its visit: whether the caller took care of the
+    // subtree (`Slice`); a plain walk never does.
+    struct NoSkip {
+        bool operator()(size_t, TrieNode, int32_t) const { return false; }
+    };
+
+    template <bool Enter, class Fill, class Visit, class EnterFn, class Skip = NoSkip>
     void walk_range(size_t p, size_t end, int32_t* stack, RowTable& table, Fill& fill, Visit& visit,
-                    EnterFn& enter) const;
+                    EnterFn& enter, Skip&& skip = Skip{}) const;
+
+    // The state whose slice a walk takes (-1: none), the slice, and the real state of each of its
+    // region's states.
+    struct Through {
+        int32_t state = -1;
+        std::shared_ptr<const Slice> slice;
+        int32_t real[MAX_REGION_STATES];
+    };
+
+    // The slice a walk from `start` takes. With `ends`, only region states that may not end there
+    // (a skipped node entered from one would be an end).
+    template <class Fill>
+    Through through_state(int32_t start, RowTable& table, Fill& fill, bool ends) const;
+
+    Slice make_slice(const std::vector<int8_t>& next) const;
 
     // A visit that sets the bits of a node's tokens (none, one, or a duplicate group) in `words`.
     auto bit_setter(uint32_t* words) const {
@@ -144,15 +204,21 @@ private:
     uint32_t n_ids_ = 0;
     size_t n_tokens_ = 0;
     uint32_t max_depth_ = 0;
+    // Slices made so far, the most recently used last (a region's transitions are its key).
+    struct Slices {
+        std::mutex mutex;
+        std::vector<std::shared_ptr<const Slice>> kept;
+    };
+    std::unique_ptr<Slices> slices_ = std::make_unique<Slices>();  // (held apart: the trie stays movable)
 };
 
 // One flat loop over the nodes [p, end), entering each node from the state on the per-depth stack
 // at its parent's depth (the caller sets the entry for the range's first node). `visit(token, next)`
 // is called for every live node, `enter(node, parent)` for every node met (live or not) when
-// `Enter` is true; a dead node's subtree is skipped.
-template <bool Enter, class Fill, class Visit, class EnterFn>
+// `Enter` is true; a dead node's subtree is skipped, and so is one that `skip` takes care of.
+template <bool Enter, class Fill, class Visit, class EnterFn, class Skip>
 void PackedTrie::walk_range(size_t p, size_t end, int32_t* stack, RowTable& table, Fill& fill, Visit& visit,
-                            EnterFn& enter) const {
+                            EnterFn& enter, Skip&& skip) const {
     const TrieNode* nodes = nodes_.data();
     while (p < end) {
         const TrieNode n = nodes[p];
@@ -166,6 +232,10 @@ void PackedTrie::walk_range(size_t p, size_t end, int32_t* stack, RowTable& tabl
         }
         visit(n.token(), next);
         if (n.subtree_size() > 1) {
+            if (skip(p, n, next)) {
+                p += n.subtree_size();
+                continue;
+            }
             stack[d] = next;
             if (__builtin_expect(!table.has_row(next), 0)) table = fill(next);
         }
@@ -203,7 +273,82 @@ WalkResult PackedTrie::walk(int32_t start, RowTable table, Fill&& fill) const {
 }
 
 template <class Fill>
-void PackedTrie::mask(int32_t start, RowTable table, Fill&& fill, uint32_t* words, Ends* ends, const Slice* slice) const {
+PackedTrie::Through PackedTrie::through_state(int32_t start, RowTable& table, Fill& fill, bool ends) const {
+    Through out;
+    // Candidates: the states the start's bytes lead to, the most often first (a string body after
+    // a key's first bytes: most bytes lead to it), the start itself ahead of any.
+    std::pair<int32_t, int> seen[256];
+    int distinct = 0;
+    const int32_t* row = table.rows + static_cast<size_t>(start) * 256;
+    for (int b = 0; b < 256; ++b) {
+        const int32_t next = row[b];
+        if (next == 0) continue;
+        int i = 0;
+        while (i < distinct && seen[i].first != next) ++i;
+        if (i == distinct) seen[distinct++] = {next, 0};
+        seen[i].second += next == start ? 256 : 1;
+    }
+    std::sort(seen, seen + distinct, [](const auto& a, const auto& b) { return a.second > b.second; });
+    auto row_of = [&](int32_t state) {
+        if (!table.has_row(state)) table = fill(state);
+        return table.rows + static_cast<size_t>(state) * 256;
+    };
+    for (int c = 0; c < std::min(distinct, 4); ++c) {
+        const int32_t top = seen[c].first;
+        const int32_t* top_row = row_of(top);
+        if (ends && table.nullable[top]) continue;
+        if (std::count(top_row, top_row + 256, top) < MIN_SLICE_BYTES) continue;
+        // The region: `top`, and the states that bytes >= 0x80 lead to within three bytes of it
+        // (inside a UTF-8 character) all of whose bytes lead back among them.
+        int32_t* real = out.real;
+        int k = 1;
+        real[0] = top;
+        auto index_of = [&](int32_t state) { return static_cast<int>(std::find(real, real + k, state) - real); };
+        for (int level = 0, from = 0; level < 3 && from < k; ++level) {
+            const int to = k;
+            for (int q = from; q < to; ++q) {
+                const int32_t* r = row_of(real[q]);
+                for (int b = 0x80; b < 256; ++b)
+                    if (r[b] != 0 && k < MAX_REGION_STATES && index_of(r[b]) == k) real[k++] = r[b];
+            }
+            from = to;
+        }
+        bool keep[MAX_REGION_STATES];
+        for (int q = 0; q < k; ++q) keep[q] = q == 0 || !(ends && table.nullable[real[q]]);
+        for (bool changed = true; changed;) {
+            changed = false;
+            for (int q = 1; q < k; ++q) {
+                if (!keep[q]) continue;
+                const int32_t* r = row_of(real[q]);
+                for (int b = 0; b < 256 && keep[q]; ++b) {
+                    if (r[b] == 0) continue;
+                    const int i = index_of(r[b]);
+                    if (i == k || !keep[i]) keep[q] = false, changed = true;
+                }
+            }
+        }
+        int kept = 0, renumber[MAX_REGION_STATES];
+        for (int q = 0; q < k; ++q) renumber[q] = keep[q] ? kept++ : -1;
+        std::vector<int8_t> next(static_cast<size_t>(kept) * 256, -1);
+        for (int q = 0; q < k; ++q) {
+            if (!keep[q]) continue;
+            const int32_t* r = table.rows + static_cast<size_t>(real[q]) * 256;  // (every row is filled by now)
+            for (int b = 0; b < 256; ++b) {
+                const int i = r[b] == 0 ? k : index_of(r[b]);
+                if (i < k) next[renumber[q] * 256 + b] = static_cast<int8_t>(renumber[i]);
+            }
+        }
+        for (int q = 0; q < k; ++q)
+            if (keep[q]) real[renumber[q]] = real[q];  // (renumber[q] <= q: in place)
+        out.state = top;
+        out.slice = slice(next);
+        return out;
+    }
+    return out;
+}
+
+template <class Fill>
+void PackedTrie::mask(int32_t start, RowTable table, Fill&& fill, uint32_t* words, Ends* ends, bool slices) const {
     auto visit = bit_setter(words);
     int32_t stack[MAX_DEPTH + 1];
     if (!table.has_row(start)) table = fill(start);
@@ -214,20 +359,96 @@ void PackedTrie::mask(int32_t start, RowTable table, Fill&& fill, uint32_t* word
             ends->states.push_back(parent);
         }
     };
-    // The whole trie, or only below the slice's exits: either way ranges of nodes entered from start.
-    auto walk = [&](size_t begin, size_t end) {
-        stack[nodes_[begin].depth() - 1] = start;
+    if (nodes_.size() <= 1) return;
+    stack[0] = start;
+    const Through through = slices ? through_state(start, table, fill, ends != nullptr) : Through{};
+    auto walk = [&](size_t begin, size_t end, auto&& skip) {
         if (ends == nullptr)
-            walk_range<false>(begin, end, stack, table, fill, visit, none);
+            walk_range<false>(begin, end, stack, table, fill, visit, none, skip);
         else
-            walk_range<true>(begin, end, stack, table, fill, visit, enter);
+            walk_range<true>(begin, end, stack, table, fill, visit, enter, skip);
     };
-    if (slice == nullptr) {
-        if (nodes_.size() > 1) walk(1, nodes_.size());
+    if (through.slice == nullptr) {
+        walk(1, nodes_.size(), NoSkip{});
         return;
     }
-    for (size_t i = 0; i < slice->words.size(); ++i) words[i] |= slice->words[i];
-    for (const int32_t exit : slice->exits) walk(static_cast<size_t>(exit), exit + nodes_[exit].subtree_size());
+    const Slice& slice = *through.slice;
+    const auto& tn = slice.token_nodes;
+    auto tokens_below = [&](size_t node) {  // the positions in token_nodes of the tokens below node
+        const auto lo = std::lower_bound(tn.begin(), tn.end(), static_cast<int32_t>(node + 1)) - tn.begin();
+        const auto hi = std::lower_bound(tn.begin() + lo, tn.end(), static_cast<int32_t>(node + nodes_[node].subtree_size()));
+        return std::pair<size_t, size_t>(lo, hi - tn.begin());
+    };
+    // Below a node entered in the real state of a region state: its tokens that keep to the region
+    // (unless the slice's words hold them), and the exits walked from their parents' real states.
+    auto below = [&](size_t node, bool tokens) {
+        if (tokens) {
+            const auto [lo, hi] = tokens_below(node);
+            for (size_t i = lo; i < hi; ++i) {
+                const auto t = static_cast<uint32_t>(slice.token_ids[i]);
+                words[t >> 5] |= 1u << (t & 31);
+            }
+        }
+        const auto& ex = slice.exits;
+        const auto end = static_cast<int32_t>(node + nodes_[node].subtree_size());
+        for (size_t i = std::lower_bound(ex.begin(), ex.end(), static_cast<int32_t>(node + 1)) - ex.begin();
+             i < ex.size() && ex[i] < end; ++i) {
+            const auto x = static_cast<size_t>(ex[i]);
+            stack[nodes_[x].depth() - 1] = through.real[slice.exit_from[i]];
+            walk(x, x + nodes_[x].subtree_size(), NoSkip{});  // (below an exit the region is left)
+        }
+    };
+    // The walk below the root's children, tracking the relative region state along the path.
+    bool complement = false;  // whether the slice's token words already hold the tokens below skipped children
+    int8_t region[MAX_DEPTH + 1];
+    auto skip = [&](size_t p, TrieNode n, int32_t next) {
+        const uint32_t d = n.depth();
+        const int8_t q = d == 1 ? slice.first_state(n.byte()) : region[d - 1] < 0 ? -1 : slice.next[region[d - 1] * 256 + n.byte()];
+        if (q >= 0 && next == through.real[q]) {
+            below(p, !(complement && d == 1));
+            return true;
+        }
+        region[d] = q;
+        return false;
+    };
+    if (through.state == start) {  // the region's own state: the root part, then where its bytes leave it
+        for (size_t i = 0; i < slice.words.size(); ++i) words[i] |= slice.words[i];
+        for (size_t i = 0; i < slice.root_exits.size(); ++i) {
+            const auto x = static_cast<size_t>(slice.root_exits[i]);
+            const uint32_t d = nodes_[x].depth();
+            stack[d - 1] = through.real[slice.root_exit_from[i]];
+            if (d == 1)
+                walk(x, x + nodes_[x].subtree_size(), skip);  // (an opening quote may lead to another body)
+            else
+                walk(x, x + nodes_[x].subtree_size(), NoSkip{});
+        }
+        return;
+    }
+    // Another state: the root's children entered in a region state are skipped. When their tokens
+    // are most of the slice's, they come as the slice's token words with the other children's
+    // tokens cleared (those children are walked) rather than one by one.
+    auto skipped = [&](size_t c) {
+        return table.rows[static_cast<size_t>(start) * 256 + nodes_[c].byte()] == through.real[slice.first_state(nodes_[c].byte())];
+    };
+    size_t inside = 0;
+    for (size_t c = 1; c < nodes_.size(); c += nodes_[c].subtree_size()) {
+        if (!skipped(c)) continue;
+        const auto [lo, hi] = tokens_below(c);
+        inside += hi - lo;
+    }
+    complement = inside * 2 > tn.size();
+    if (complement) {
+        for (size_t i = 0; i < slice.token_words.size(); ++i) words[i] |= slice.token_words[i];
+        for (size_t c = 1; c < nodes_.size(); c += nodes_[c].subtree_size()) {
+            if (skipped(c)) continue;
+            const auto [lo, hi] = tokens_below(c);
+            for (size_t i = lo; i < hi; ++i) {
+                const auto t = static_cast<uint32_t>(slice.token_ids[i]);
+                words[t >> 5] &= ~(1u << (t & 31));
+            }
+        }
+    }
+    walk(1, nodes_.size(), skip);
 }
 
 template <class Fill>

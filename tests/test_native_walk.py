@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from support.walks import regexes, small_vocabularies
 
@@ -103,32 +103,72 @@ def test_packed_nodes_are_the_depth_first_trie(token_bytes) -> None:
             assert len(token_bytes) <= token < 0xFFFFFF
 
 
+# 16 ASCII letters and 4 bytes of UTF-8 characters: a loop of 16 bytes or more lends its slice.
+LETTERS = bytes(range(97, 113)) + b"\xc3\x80\x81\x82"
+
+
+def slice_table(inside: set[int], moves: list[int], nullable: list[bool]) -> Table:
+    """Rows over LETTERS: state 1 goes where ``moves`` say; 2 loops on ``inside`` (elsewhere: where
+    ``moves`` say); 3 loops on every letter; 4 goes to 1, 2 or 3 by letter; 5 is inside a UTF-8
+    character (\\x80-\\x82 back to 2, nothing else)."""
+    table = Table()
+    table.rows = np.zeros((6, 256), np.int32)
+    for i, c in enumerate(LETTERS):
+        table.rows[1, c] = moves[i]
+        table.rows[2, c] = 2 if c in inside else moves[20 + i]
+        table.rows[3, c] = 3
+        table.rows[4, c] = i % 3 + 1
+    table.rows[5, [0x80, 0x81, 0x82]] = 2
+    table.row_done = np.array([True, False, False, False, False, False])
+    table.row_nullable = np.array([False, *nullable])
+    return table
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.binary(min_size=1, max_size=5).map(lambda b: bytes(LETTERS[c % 20] for c in b))),
+                max_size=60), st.sets(st.sampled_from(LETTERS), min_size=16),
+       st.lists(st.integers(0, 5), min_size=40, max_size=40), st.lists(st.booleans(), min_size=5, max_size=5))
+@example([b"a\xc3b", b"a\xc3\x80b", b"ab"], set(LETTERS[:16]), [2] * 16 + [0] * 20 + [5, 0, 0, 0], [False] * 5)
+def test_slices_skip_nodes_never_tokens_or_ends(token_bytes, inside, moves, nullable) -> None:
+    """A walk that takes a slice (from a state that loops on many bytes, or that leads to one; its
+    region with the UTF-8 states around it) allows the tokens that the plain walk and the rows
+    token by token allow, and finds the same ends."""
+    trie = _core.PackedTrie(token_bytes)
+    table = slice_table(inside, moves, nullable)
+
+    def allowed(start: int) -> list[int]:
+        out = []
+        for i, t in enumerate(token_bytes):
+            s = start
+            for c in t or b"":
+                s = int(table.rows[s, c]) if s else 0
+            if t and s:
+                out.append(i)
+        return out
+
+    for start in (1, 2, 3, 4, 5):
+        got = trie.mask(table, start)
+        assert np.nonzero(np.unpackbits(got.view(np.uint8), bitorder="little"))[0].tolist() == allowed(start)
+        assert np.array_equal(got, trie.mask(table, start, slices=False))
+        for a, b in zip(trie.head_mask(table, start), trie.head_mask(table, start, slices=False)):
+            assert np.array_equal(a, b)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.one_of(st.none(), st.binary(min_size=1, max_size=5).map(lambda b: bytes(c % 3 + 97 for c in b))),
                 max_size=40), st.sets(st.sampled_from(b"abc")))
-def test_slices_are_the_tokens_inside_a_byte_set_and_where_tokens_leave_it(token_bytes, inside) -> None:
-    """A slice's words are the tokens made of the set's bytes only; its exits, the nodes whose byte
-    leaves the set first on their path (checked against the prefixes in byte order)."""
+def test_a_slice_holds_the_tokens_and_exits_below_the_first_byte(token_bytes, inside) -> None:
+    """Of a one-state region (a byte set looping on itself): the tokens whose bytes after the first
+    are in the set, and the nodes below the first byte where a path first leaves it."""
     trie = _core.PackedTrie(token_bytes)
-    flags = np.zeros(256, bool)
-    flags[list(inside)] = True
+    region = np.full((1, 256), -1, np.int8)
+    region[0, list(inside)] = 0
+    cut = trie.slice(region)
     paths = prefixes(token_bytes)
-    exits = [i + 1 for i, path in enumerate(paths) if path[-1] not in inside and all(c in inside for c in path[:-1])]
-    tokens = [i for i, t in enumerate(token_bytes) if t and all(c in inside for c in t)]
-    table = Table()
-    table.rows[1] = 0
-    table.rows[1, list(inside)] = 1  # state 1 loops on the set, every other byte is dead
-    table.row_done[:] = True
-    got = trie.mask(table, 1, trie.slice(flags))
-    assert trie.slice(flags).exit_count == len(exits)
-    assert np.nonzero(np.unpackbits(got.view(np.uint8), bitorder="little"))[0].tolist() == tokens
-    assert np.array_equal(got, trie.mask(table, 1))
-    table.rows[1, ~flags] = 2  # leaving the set: to state 2, which takes anything (walked below the exits)
-    table.rows[2] = 2
-    everything = trie.mask(table, 1, trie.slice(flags))
-    assert np.array_equal(everything, trie.mask(table, 1))
-    assert np.nonzero(np.unpackbits(everything.view(np.uint8), bitorder="little"))[0].tolist() == [
-        i for i, t in enumerate(token_bytes) if t]
+    assert cut.exit_count == sum(len(p) >= 2 and p[-1] not in inside and all(c in inside for c in p[1:-1]) for p in paths)
+    assert cut.token_count == sum(bool(t) and len(t) >= 2 and all(c in inside for c in t[1:]) for t in token_bytes)
+    with pytest.raises(ValueError, match="entry is -1 or a state"):
+        trie.slice(np.full((1, 256), 3, np.int8))
 
 
 def test_packed_trie_refuses_what_a_node_cannot_hold() -> None:
