@@ -47,7 +47,7 @@ class CompiledGrammar:
                 "vocabulary has no stop (EOS) token: a constrained sequence could never end; "
                 "pass eos_token_ids when building the Vocabulary"
             )
-        self.grammar = grammar
+        self._notes = grammar.notes  # (the grammar itself is not kept: see ``ExprCore.release_source``)
         self.vocab = vocab
         self.budget = budget
         if native is None:
@@ -61,7 +61,7 @@ class CompiledGrammar:
     @property
     def notes(self) -> tuple[str, ...]:
         """What the front end relaxed or wants the user to know (lenient mode)."""
-        return self.grammar.notes
+        return self._notes
 
     @property
     def initial_state(self) -> int:

@@ -49,7 +49,6 @@ class NativeExprTable(_core.ExprCore if _core is not None else object):  # type:
         names = list(grammar.rules)
         super().__init__(list(grammar.rules.values()), {n: i for i, n in enumerate(names)}, _IR_CLASSES, float(budget.seconds),
                          float(budget.max_bytes), int(budget.max_states), MAX_NESTING)
-        self.grammar = grammar  # its nodes: the C++ table finds the ones ``_exact_min`` is asked by identity
         self.lock = threading.RLock()
         self.signatures = Signatures() if signatures is None else signatures
         self._sigs: dict[int, int | None] = {}
@@ -58,6 +57,7 @@ class NativeExprTable(_core.ExprCore if _core is not None else object):  # type:
             lengths = measure_rules(grammar.rules, self.exact_min, grammar.rule_lengths).lengths
             self.set_rule_lengths([lengths.get(n, INFINITE) for n in names])
             self.start = self.ref(names.index(grammar.start))
+            self.release_source()  # (the IR objects may go: a long-lived grammar holds no Python objects of them)
 
     @contextmanager
     def work(self) -> Iterator[None]:

@@ -493,6 +493,10 @@ void bind_expr_core(nb::module_& m) {
         .def("set_rule_lengths",
              [](ExprCore& c, const std::vector<double>& v) { locked(c, [&] { c.set_rule_lengths(v); }); })
         .def("ref", [](ExprCore& c, int32_t rule) { return locked(c, [&] { return c.ref(rule); }); })
+        .def("release_source", [](ExprCore& c) {
+                 constrain::IrSource reader = locked(c, [&] { return c.release_source(); });
+             },  // (the reader, holding the IR, goes here: with the GIL)
+             "Read every rule body not read yet and let go of the IR objects (``exact_min`` no longer works).")
         .def("exact_min", [](ExprCore& c, nb::handle node) {
             return locked(c, [&] { return c.exact_min(c.node_of(reinterpret_cast<uintptr_t>(node.ptr()))); });
         }, "node"_a, "The shortest match of IR node ``node`` (kept alive by the caller), searching derivatives.")

@@ -8,6 +8,7 @@
 #include <queue>
 #include <stdexcept>
 #include <tuple>
+#include <utility>
 
 namespace constrain {
 
@@ -612,6 +613,14 @@ int32_t ExprCore::node_of(uintptr_t source) {
     const int32_t node = source_.node(source);
     nodes_added();
     return node;
+}
+
+IrSource ExprCore::release_source() {
+    for (int32_t r = 0; r < static_cast<int32_t>(ir_.rule_nodes.size()); ++r)
+        if (ir_.rule_nodes[r] < 0) source_.rule(r);
+    nodes_added();
+    ir_.source = {};  // (keys are the IR objects' addresses: another object may take one)
+    return std::exchange(source_, IrSource{});
 }
 
 int32_t ExprCore::body(int32_t rule) {

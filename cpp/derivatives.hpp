@@ -99,6 +99,11 @@ public:
     int32_t node_of(uintptr_t source);  // the flat node read from `source` (read now if it was not)
     int32_t ref(int32_t rule);            // the start state of a rule (NOTHING if unproductive)
     double exact_min(int32_t node) { return min_completion(convert(node)); }
+    // Reads every rule body not read yet, then lets go of the IR: what it read is all the table
+    // needs, and the IR objects, alive, would weigh on every collection of Python's garbage
+    // collector for as long as the grammar lives. Nothing is read by identity afterwards. Returns
+    // the reader, for the caller to drop where it may (with Python's GIL).
+    IrSource release_source();
 
     size_t size() const { return exprs_.size(); }
     size_t estimated_bytes() const;

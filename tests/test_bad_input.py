@@ -10,6 +10,7 @@ import pytest
 
 import constrain
 from constrain.grammars.errors import GrammarError, RegexError, SchemaError
+from constrain.grammars.json_schema import json_schema_to_grammar
 from constrain.tokenizers import llama3
 
 
@@ -127,8 +128,8 @@ def test_matchers_share_a_grammar_across_threads(vocab) -> None:
                 assert m.accept_bytes(bytes([byte]))
         return out
 
-    expected = trace(constrain.compile_grammar(constrain.compile_json_schema(schema, vocab).grammar, vocab))
-    shared = constrain.compile_grammar(constrain.compile_json_schema(schema, vocab).grammar, vocab)
+    expected = trace(constrain.compile_grammar(json_schema_to_grammar(schema), vocab))
+    shared = constrain.compile_grammar(json_schema_to_grammar(schema), vocab)
     results: list = [None] * 4
     threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, trace(shared))) for i in range(4)]
     for t in threads:
