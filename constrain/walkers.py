@@ -80,9 +80,11 @@ class NativeWalker:
         self.n_words = n_words
 
     def _fit(self, words: np.ndarray) -> np.ndarray:
-        """Words for ids past the token bytes (a vocabulary padded to the logits) are zero."""
+        """Words for ids past the token bytes (a vocabulary padded to the logits) are zero. Always
+        a plain copy: an array from C++ rests on a memoryview, two objects that Python's garbage
+        collector walks for as long as a cache keeps the array (a copy of 16 KB costs ~1 us)."""
         missing = self.n_words - len(words)
-        return np.concatenate((words, np.zeros(missing, np.int32))) if missing else words
+        return np.concatenate((words, np.zeros(missing, np.int32))) if missing else np.array(words)
 
     def transitions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         with self.table.work():
@@ -98,7 +100,7 @@ class NativeWalker:
             words, nodes, states = self.packed.head_mask(self.table, head)
         group, one = _grouped(states)
         paths = [self.packed.path(int(nodes[i]))[:-1] for i in one]
-        return HeadWalk(self._fit(words), nodes, group, paths)
+        return HeadWalk(self._fit(words), np.array(nodes), group, paths)  # (a plain copy, as ``_fit``)
 
     def crossings(self, walked: HeadWalk, first: int) -> tuple[np.ndarray, np.ndarray]:
         keep = self.packed.outermost(walked.node, byte_flags(first))
