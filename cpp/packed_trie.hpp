@@ -46,10 +46,9 @@ struct RowTable {
 // bytes and returns to T). The region is a small automaton over those states, 0 being T:
 // next[q * 256 + b] is the state after byte b, or -1 where the walk leaves it. Below a node
 // entered in (the real state of) a region state, every token whose further bytes keep to the
-// region is allowed at once (every
-// region state is live), and only the subtrees of the nodes where the bytes leave it are walked,
-// each entered from the real state of its parent. Grammars share a slice: string bodies make the
-// same region everywhere.
+// region is allowed at once (every region state is live), and only the subtrees of the nodes where
+// the bytes leave it are walked, each entered from the real state of its parent. Grammars share a
+// slice: string bodies make the same region everywhere.
 //
 // The relative part serves a node of depth >= 1 entered in the real state of a region state (a
 // key's first bytes, an opening quote, a UTF-8 lead byte): the region is run from the state the

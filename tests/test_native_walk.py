@@ -163,7 +163,9 @@ def test_a_slice_holds_the_tokens_and_exits_below_the_first_byte(token_bytes, in
     trie = _core.PackedTrie(token_bytes)
     region = np.full((1, 256), -1, np.int8)
     region[0, list(inside)] = 0
+    held = trie.nbytes
     cut = trie.slice(region)
+    assert trie.nbytes > held, "a slice kept with the trie is weighed with it"
     paths = prefixes(token_bytes)
     assert cut.exit_count == sum(len(p) >= 2 and p[-1] not in inside and all(c in inside for c in p[1:-1]) for p in paths)
     assert cut.token_count == sum(bool(t) and len(t) >= 2 and all(c in inside for c in t[1:]) for t in token_bytes)
