@@ -66,8 +66,9 @@ class NativeWalker:
     """Walks in C++ over the packed trie; rows are filled through the table as walks meet them.
 
     A walk from a state that loops on many bytes (a string body, a run of digits), or that leads
-    to one (a key's first bytes, an opening quote), takes the tokens that stay in the loop from the
-    vocabulary's slice of those bytes and walks only the rest (``PackedTrie.mask``).
+    to one (a key's first bytes, an opening quote), takes the tokens that keep to the loop (UTF-8
+    characters included) from the vocabulary's slice of it and walks only the rest
+    (``PackedTrie.mask``, ``Slice`` in cpp/packed_trie.hpp).
     """
 
     kind = "native"
