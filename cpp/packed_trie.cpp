@@ -76,7 +76,6 @@ PackedTrie::PackedTrie(const std::vector<std::string_view>& token_bytes)
 
 Slice PackedTrie::make_slice(const std::vector<int8_t>& next) const {
     Slice out;
-    out.states = static_cast<int>(next.size() / 256);
     out.next = next;
     out.words.assign((n_ids_ + 31) / 32, 0);
     out.token_words.assign((n_ids_ + 31) / 32, 0);

@@ -56,7 +56,6 @@ struct RowTable {
 // entries below a node contiguous. The root part serves the state T itself: the region run from
 // the root.
 struct Slice {
-    int states = 0;
     std::vector<int8_t> next;          // states * 256
     std::vector<uint32_t> words;       // root part: the tokens that keep to the region
     std::vector<int32_t> root_exits;   // root part: the nodes where the bytes leave it ...
@@ -378,16 +377,17 @@ void PackedTrie::mask(int32_t start, RowTable table, Fill&& fill, uint32_t* word
         const auto hi = std::lower_bound(tn.begin() + lo, tn.end(), static_cast<int32_t>(node + nodes_[node].subtree_size()));
         return std::pair<size_t, size_t>(lo, hi - tn.begin());
     };
+    auto mark_tokens_below = [&](size_t node, bool set) {  // set (or clear) the bits of the slice's tokens below node
+        const auto [lo, hi] = tokens_below(node);
+        for (size_t i = lo; i < hi; ++i) {
+            const auto t = static_cast<uint32_t>(slice.token_ids[i]);
+            words[t >> 5] = set ? words[t >> 5] | 1u << (t & 31) : words[t >> 5] & ~(1u << (t & 31));
+        }
+    };
     // Below a node entered in the real state of a region state: its tokens that keep to the region
     // (unless the slice's words hold them), and the exits walked from their parents' real states.
     auto below = [&](size_t node, bool tokens) {
-        if (tokens) {
-            const auto [lo, hi] = tokens_below(node);
-            for (size_t i = lo; i < hi; ++i) {
-                const auto t = static_cast<uint32_t>(slice.token_ids[i]);
-                words[t >> 5] |= 1u << (t & 31);
-            }
-        }
+        if (tokens) mark_tokens_below(node, true);
         const auto& ex = slice.exits;
         const auto end = static_cast<int32_t>(node + nodes_[node].subtree_size());
         for (size_t i = std::lower_bound(ex.begin(), ex.end(), static_cast<int32_t>(node + 1)) - ex.begin();
@@ -438,14 +438,8 @@ void PackedTrie::mask(int32_t start, RowTable table, Fill&& fill, uint32_t* word
     complement = inside * 2 > tn.size();
     if (complement) {
         for (size_t i = 0; i < slice.token_words.size(); ++i) words[i] |= slice.token_words[i];
-        for (size_t c = 1; c < nodes_.size(); c += nodes_[c].subtree_size()) {
-            if (skipped(c)) continue;
-            const auto [lo, hi] = tokens_below(c);
-            for (size_t i = lo; i < hi; ++i) {
-                const auto t = static_cast<uint32_t>(slice.token_ids[i]);
-                words[t >> 5] &= ~(1u << (t & 31));
-            }
-        }
+        for (size_t c = 1; c < nodes_.size(); c += nodes_[c].subtree_size())
+            if (!skipped(c)) mark_tokens_below(c, false);
     }
     walk(1, nodes_.size(), skip);
 }
