@@ -53,6 +53,7 @@ class LongTokens:
     """
 
     limit: int  # the smallest limit >= 1 with at most MAX_LONG_TOKENS tokens longer
+    longest: int  # bytes of the longest token: clamping there is exact for every token
     short: np.ndarray  # mask words of the tokens of at most ``limit`` bytes
     trie: TokenTrie | None  # the tokens longer than ``limit`` (same ids, the others None); None if there are none
 
@@ -62,9 +63,10 @@ class LongTokens:
         ranked = np.sort(lengths)[::-1]
         limit = max(int(ranked[MAX_LONG_TOKENS]) if len(ranked) > MAX_LONG_TOKENS else 0, 1)
         short = pack_tokens(np.nonzero((lengths > 0) & (lengths <= limit))[0], n_words)
+        longest = max(int(ranked[0]) if len(ranked) else 0, 1)
         if not np.any(lengths > limit):
-            return cls(limit, short, None)
-        return cls(limit, short, TokenTrie([b if b and len(b) > limit else None for b in token_bytes]))
+            return cls(limit, longest, short, None)
+        return cls(limit, longest, short, TokenTrie([b if b and len(b) > limit else None for b in token_bytes]))
 
 
 class TokenAutomaton:
@@ -87,14 +89,15 @@ class TokenAutomaton:
         self.n_words = (vocab.vocab_size + 31) // 32
         self.long_tokens: LongTokens = shared.get_or_make(
             ("long tokens", self._vocab_key), lambda: LongTokens.of(vocab.token_bytes, self.n_words))
-        table.clamp_limit = self.long_tokens.limit
         if native is None:
             native = self.trie.packed is not None
         walker = NativeWalker if native else NumpyWalker
         self.walker: NativeWalker | NumpyWalker = walker(self.trie, table, self.n_words)
-        # Walks of the long tokens alone, from a state whose counts clamping changed.
+        # Walks of the long tokens alone, from a state whose counts clamping changed (clamped at
+        # the longest token), and their masks per such clamped state.
         long_trie = self.long_tokens.trie
         self._long_walker = None if long_trie is None else walker(long_trie, table, self.n_words)
+        self._long_masks = ByteBudgetCache(max_entries=mask_cache_size)
         self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
         self._max_next: dict[int, float] = {}
         # Per state, the budget-aware close's levels, and its masks where asked (``_close_levels``),
@@ -112,7 +115,8 @@ class TokenAutomaton:
 
     def estimated_bytes(self) -> int:
         """A rough estimate of this grammar's memory: its table and its cached masks."""
-        return self.table.estimated_bytes() + len(self._masks) * self.n_words * 4 + self._closes.nbytes
+        return (self.table.estimated_bytes() + len(self._masks) * self.n_words * 4 + self._closes.nbytes
+                + self._long_masks.nbytes)
 
     def is_accepting(self, state: int) -> bool:
         """Whether the document may end here (a stop token is allowed)."""
@@ -146,14 +150,16 @@ class TokenAutomaton:
         States differing only in repetition counts share the walk of their clamped state (every
         count cut to ``long_tokens.limit``, see ``ExprTable.clamp``): a token of at most that many
         bytes is allowed in one exactly when in the other. The few longer tokens are walked from
-        the state itself, so the mask is exact: the clamped state's for the short tokens, the long
-        walk's for the rest. (With no longer tokens, the clamped state's mask is the state's.)
+        the state clamped at the longest token (shared in turn by the states with counts beyond
+        it), so the mask is exact: the clamped state's for the short tokens, the long walk's for
+        the rest. (With no longer tokens, the clamped state's mask is the state's.)
         """
         got = self._masks.get(state)
         if got is not None:
             return got
         with self._lock, self.table.work():  # a new state's mask is bounded by the compile budget
-            key = self.table.clamp(state)
+            long_tokens = self.long_tokens
+            key = self.table.clamp(state, long_tokens.limit)
             got = self._masks.get(key)
             if got is None:
                 got = self._union_mask(key)
@@ -163,7 +169,8 @@ class TokenAutomaton:
                     got = self._with_stops(self.walker.mask(key), self.is_accepting(key))
                 self._masks[key] = got
             if key != state and self._long_walker is not None:
-                words = (got & self.long_tokens.short) | self._long_walker.mask(state)
+                walker, long_key = self._long_walker, self.table.clamp(state, long_tokens.longest)
+                words = (got & long_tokens.short) | self._long_masks.get_or_make(long_key, lambda: walker.mask(long_key))
                 words = self._with_stops(words, self.is_accepting(state))
                 if not np.array_equal(words, got):  # else (counts past the longest token) one array serves both
                     got = words

@@ -16,6 +16,7 @@ Intersection and complement are native to derivatives; they are why a state that
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -41,6 +42,8 @@ ALL_BYTES = (1 << 256) - 1
 # How far a liveness search of an intersection/complement state may explore before giving up
 # (and treating the state as live: a wrong guess can only stall a walk, never admit a bad byte).
 LIVENESS_BUDGET = 4096
+# States explored to bound the completions inside an intersection (``ExprTable.clamp``).
+MAX_CLOSURE_STATES = 1024
 __all__ = ["DEFAULT_MAX_STATES", "ExprTable", "StateLimitError", "matches"]
 # The time and memory budgets are checked once per this many new expressions (and per new row).
 BUDGET_CHECK_EVERY = 256
@@ -90,9 +93,9 @@ class ExprTable:
         self._nullable: list[bool | None] = []
         self._boolean: list[bool] = []  # contains And/Not: language may be empty though not NOTHING
         self._counted: list[bool] = []  # contains a repetition with counted bounds
-        self._clamped: dict[int, int] = {}
+        self._clamped: dict[tuple[int, int], int] = {}  # (e, limit) -> e clamped
+        self._closure_bounds: dict[int, int] = {}  # see ``_closure_bound``
         self._sigs: dict[int, int | None] = {}
-        self.clamp_limit: int | None = None
         self._intern: dict[tuple, int] = {}
         self._deriv: dict[int, int] = {}
         self._classes: dict[int, tuple[int, ...]] = {}
@@ -339,21 +342,21 @@ class ExprTable:
         with self.lock:
             return self._mk_seq(a, b)
 
-    def clamp(self, e: int) -> int:
-        """``e`` with every repetition count clamped to ``clamp_limit``.
+    def clamp(self, e: int, limit: int) -> int:
+        """``e`` with every repetition count clamped to ``limit``.
 
-        A token of at most ``clamp_limit`` bytes completes at most that many non-empty
-        iterations of any repetition: counts beyond the limit cannot change whether it is
-        allowed. States that differ only in such counts (the 37th character of a string with
-        maxLength 100, the 5th item of an array with maxItems 50) share one walk;
-        ``TokenAutomaton`` sets the limit below its few longest tokens and walks those apart.
-        Intersections and complements are left whole: whether a token leads to a live state
-        depends on their counts beyond the token (``pattern`` with ``maxLength``, a lookahead).
+        A token of at most ``limit`` bytes completes at most that many non-empty iterations of
+        any repetition: counts beyond the limit cannot change whether it is allowed. States that
+        differ only in such counts (the 37th character of a string with maxLength 100, the 5th
+        item of an array with maxItems 50) share one walk; ``TokenAutomaton`` clamps at a limit
+        below its few longest tokens and walks those apart, from the state clamped at the longest.
+        Inside an intersection a count binds beyond the token (``pattern`` with ``maxLength``:
+        a token is allowed when a completion after it fits the count): see ``_clamp_intersection``.
+        Complements are left whole.
         """
-        limit = self.clamp_limit
-        if limit is None or not self._counted[e]:
+        if not self._counted[e]:
             return e
-        got = self._clamped.get(e)
+        got = self._clamped.get((e, limit))
         if got is not None:
             return got
         with self.lock:
@@ -361,18 +364,111 @@ class ExprTable:
             if k == K_SEQ:
                 out = EMPTY
                 for m in reversed(self.spine(e)):
-                    out = self._mk_seq(self.clamp(m), out)
+                    out = self._mk_seq(self.clamp(m, limit), out)
             elif k == K_ALT:
-                out = self._mk_alt([self.clamp(m) for m in a[0]])
+                out = self._mk_alt([self.clamp(m, limit) for m in a[0]])
             elif k == K_FRAME:
-                out = self._mk_frame(self.clamp(a[0]))
+                out = self._mk_frame(self.clamp(a[0], limit))
             elif k == K_REPEAT:
                 item, lo, hi = a
-                out = self._mk_repeat(self.clamp(item), min(lo, limit), None if hi is None or hi >= limit else hi)
+                out = self._mk_repeat(self.clamp(item, limit), min(lo, limit), None if hi is None or hi >= limit else hi)
+            elif k == K_AND:
+                out = self._clamp_intersection(e, limit)
             else:
                 out = e
-            self._clamped[e] = out
+            self._clamped[e, limit] = out
             return out
+
+    def _clamp_intersection(self, e: int, limit: int) -> int:
+        """``e`` with its counts above ``limit`` cut to ``limit + B``, where B bounds the shortest
+        completion of every state of U, ``e`` with those counts unbounded; ``e`` itself when a count
+        lies between ``limit`` and ``limit + B`` or U has more than MAX_CLOSURE_STATES states.
+
+        Exact for a token t of at most ``limit`` bytes: U holds ``e`` and the cut ``e``, and all
+        three agree on strings of at most ``limit + B`` bytes. If t leads somewhere live in any of
+        them, it does in U, where a completion w of at most B bytes follows; t w has at most
+        ``limit + B`` bytes, so it is in all three. (Counts inside a complement stay: unbounded,
+        the complement's language would shrink, and U would no longer hold ``e``.)
+        """
+        bound = self._closure_bound(self._recount(e, limit, None))
+        if bound < 0 or self._smallest_count_above(e, limit) < limit + bound:
+            return e
+        return self._recount(e, limit, limit + bound)
+
+    def _recount(self, e: int, above: int, to: int | None) -> int:
+        """``e`` with every count above ``above`` set to ``to`` (None: unbounded), outside complements."""
+        if not self._counted[e]:
+            return e
+        k, a = self._kind[e], self._args[e]
+        if k == K_SEQ:
+            out = EMPTY
+            for m in reversed(self.spine(e)):
+                out = self._mk_seq(self._recount(m, above, to), out)
+            return out
+        if k in (K_ALT, K_AND):
+            parts = [self._recount(m, above, to) for m in a[0]]
+            return self._mk_alt(parts) if k == K_ALT else self._mk_and(parts)
+        if k == K_FRAME:
+            return self._mk_frame(self._recount(a[0], above, to))
+        if k == K_REPEAT:
+            item, lo, hi = a
+            return self._mk_repeat(self._recount(item, above, to), lo,
+                                   hi if hi is None or hi <= above else None if to is None else max(to, lo))
+        return e
+
+    def _smallest_count_above(self, e: int, above: int) -> float:
+        if not self._counted[e]:
+            return math.inf
+        k, a = self._kind[e], self._args[e]
+        if k == K_SEQ:
+            return min(self._smallest_count_above(m, above) for m in self.spine(e))
+        if k in (K_ALT, K_AND):
+            return min(self._smallest_count_above(m, above) for m in a[0])
+        if k == K_FRAME:
+            return self._smallest_count_above(a[0], above)
+        if k == K_REPEAT:
+            inner = self._smallest_count_above(a[0], above)
+            return min(inner, a[2]) if a[2] is not None and a[2] > above else inner
+        return math.inf
+
+    def _closure_bound(self, u: int) -> int:
+        """The longest shortest completion (bytes) over the states ``u`` reaches, -1 if they are
+        more than MAX_CLOSURE_STATES; it bounds every state of the closure too, and is kept for them."""
+        got = self._closure_bounds.get(u)
+        if got is not None:
+            return got
+        index = {u: 0}
+        states, sources = [u], [[]]  # per state, the states with a byte to it
+        i = 0
+        while i < len(states):
+            for c in self.byte_classes(states[i]):
+                nxt = self._d(states[i], (c & -c).bit_length() - 1)
+                if nxt == NOTHING:
+                    continue
+                j = index.get(nxt)
+                if j is None:
+                    if len(states) == MAX_CLOSURE_STATES:
+                        self._closure_bounds[u] = -1
+                        return -1
+                    j = index[nxt] = len(states)
+                    states.append(nxt)
+                    sources.append([])
+                sources[j].append(i)
+            i += 1
+        dist = [-1] * len(states)
+        queue = [j for j, s in enumerate(states) if self.nullable(s)]
+        for j in queue:
+            dist[j] = 0
+        bound = 0
+        for j in queue:  # (grows as it goes: breadth first, backwards from the states that may end)
+            bound = dist[j]
+            for p in sources[j]:
+                if dist[p] < 0:
+                    dist[p] = dist[j] + 1
+                    queue.append(p)
+        for s in states:
+            self._closure_bounds.setdefault(s, bound)
+        return bound
 
     def signature(self, e: int) -> int | None:
         """An id of ``e``'s structure, equal across the grammars sharing ``self.signatures``;

@@ -501,9 +501,6 @@ void bind_expr_core(nb::module_& m) {
             return locked(c, [&] { return c.exact_min(c.node_of(reinterpret_cast<uintptr_t>(node.ptr()))); });
         }, "node"_a, "The shortest match of IR node ``node`` (kept alive by the caller), searching derivatives.")
         .def("estimated_bytes", [](ExprCore& c) { return c.estimated_bytes(); })
-        .def_prop_rw(
-            "clamp_limit", [](const ExprCore& c) -> nb::object { return c.clamp_limit < 0 ? nb::object(nb::none()) : nb::object(nb::int_(c.clamp_limit)); },
-            [](ExprCore& c, nb::handle v) { c.clamp_limit = v.is_none() ? -1 : nb::cast<int64_t>(v); })
         .def("nullable", on_state<&ExprCore::nullable>("nullable"))
         .def("derive", [](ExprCore& c, int64_t e, int b) {
             const int32_t s = checked(c, e, "derive");
@@ -540,7 +537,11 @@ void bind_expr_core(nb::module_& m) {
         .def("min_completion", on_state<&ExprCore::min_completion>("min_completion"))
         .def("_min_bound", on_state<&ExprCore::min_bound>("_min_bound"))
         .def("is_live", on_state<&ExprCore::is_live>("is_live"))
-        .def("clamp", on_state<&ExprCore::clamp>("clamp"))
+        .def("clamp", [](ExprCore& c, int64_t e, int64_t limit) {
+            const int32_t s = checked(c, e, "clamp");
+            if (limit < 1) throw nb::value_error("ExprCore.clamp: the limit is at least 1");
+            return locked(c, [&] { return c.clamp(s, limit); });
+        }, "e"_a, "limit"_a)
         .def("seq", [](ExprCore& c, int64_t a, int64_t b) {
             const int32_t x = checked(c, a, "seq"), y = checked(c, b, "seq");
             return locked(c, [&] { return c.seq(x, y); });

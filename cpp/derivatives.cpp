@@ -18,6 +18,7 @@ constexpr ByteSet ALL_BYTES = {~0ull, ~0ull, ~0ull, ~0ull};
 constexpr int64_t NO_CUT = int64_t(1) << 62;
 constexpr size_t LIVENESS_BUDGET = 4096;  // as constrain.derivatives
 constexpr size_t BUDGET_CHECK_EVERY = 256;
+constexpr size_t MAX_CLOSURE_STATES = 1024;  // as constrain.derivatives
 constexpr size_t EXPR_BYTES = 400;  // the twin's accounting, so both hit the memory budget alike
 constexpr size_t ROW_BYTES = 256 * 4 + 2;
 const double UNKNOWN = std::nan("");
@@ -268,7 +269,6 @@ int32_t ExprCore::intern(uint8_t kind, const int64_t* a, uint32_t n, int8_t null
     min_.push_back(UNKNOWN);
     bound_.push_back(UNKNOWN);
     live_.push_back(-1);
-    clamped_.push_back(-1);
     unordered_body_.push_back(-1);
     if ((id + 1) * 2 > slots_.size())
         rehash();
@@ -1028,35 +1028,126 @@ bool ExprCore::search_live(int32_t e) {
     return false;
 }
 
-int32_t ExprCore::clamp(int32_t e) {
-    const int64_t limit = clamp_limit;
+int32_t ExprCore::clamp(int32_t e, int64_t limit) {
     if (limit < 0 || !exprs_[e].counted) return e;
-    if (clamped_[e] >= 0) return clamped_[e];
+    const int64_t key = limit << 32 | e;
+    const auto known = clamped_.find(key);
+    if (known != clamped_.end()) return known->second;
     int32_t out = e;
     switch (kind(e)) {
         case K_SEQ: {
             const std::vector<int32_t> parts = spine(e);
             out = EMPTY;
-            for (size_t i = parts.size(); i-- > 0;) out = mk_seq(clamp(parts[i]), out);
+            for (size_t i = parts.size(); i-- > 0;) out = mk_seq(clamp(parts[i], limit), out);
             break;
         }
         case K_ALT: {
             std::vector<int32_t> parts;
-            for (int32_t m : members(e)) parts.push_back(clamp(m));
+            for (int32_t m : members(e)) parts.push_back(clamp(m, limit));
             out = mk_alt(parts);
             break;
         }
-        case K_FRAME: out = mk_frame(clamp(static_cast<int32_t>(args(e)[0]))); break;
+        case K_FRAME: out = mk_frame(clamp(static_cast<int32_t>(args(e)[0]), limit)); break;
         case K_REPEAT: {
             const int32_t item = static_cast<int32_t>(args(e)[0]);
             const int64_t lo = args(e)[1], hi = args(e)[2];
-            out = mk_repeat(clamp(item), std::min(lo, limit), hi < 0 || hi >= limit ? -1 : hi);
+            out = mk_repeat(clamp(item, limit), std::min(lo, limit), hi < 0 || hi >= limit ? -1 : hi);
+            break;
+        }
+        case K_AND: out = clamp_intersection(e, limit); break;
+        default: break;
+    }
+    clamped_.emplace(key, out);
+    return out;
+}
+
+int32_t ExprCore::clamp_intersection(int32_t e, int64_t limit) {
+    const int64_t bound = closure_bound(recount(e, limit, -1));
+    if (bound < 0 || smallest_count_above(e, limit) < limit + bound) return e;
+    return recount(e, limit, limit + bound);
+}
+
+int32_t ExprCore::recount(int32_t e, int64_t above, int64_t to) {
+    if (!exprs_[e].counted) return e;
+    switch (kind(e)) {
+        case K_SEQ: {
+            const std::vector<int32_t> parts = spine(e);
+            int32_t out = EMPTY;
+            for (size_t i = parts.size(); i-- > 0;) out = mk_seq(recount(parts[i], above, to), out);
+            return out;
+        }
+        case K_ALT:
+        case K_AND: {
+            std::vector<int32_t> parts;
+            for (int32_t m : members(e)) parts.push_back(recount(m, above, to));
+            return kind(e) == K_ALT ? mk_alt(parts) : mk_and(parts);
+        }
+        case K_FRAME: return mk_frame(recount(static_cast<int32_t>(args(e)[0]), above, to));
+        case K_REPEAT: {
+            const int32_t item = recount(static_cast<int32_t>(args(e)[0]), above, to);
+            const int64_t lo = args(e)[1], hi = args(e)[2];
+            return mk_repeat(item, lo, hi < 0 || hi <= above ? hi : to < 0 ? -1 : std::max(to, lo));
+        }
+        default: return e;  // (a complement's counts stay: unbounded, its language would shrink)
+    }
+}
+
+int64_t ExprCore::smallest_count_above(int32_t e, int64_t above) {
+    if (!exprs_[e].counted) return INT64_MAX;
+    int64_t out = INT64_MAX;
+    switch (kind(e)) {
+        case K_SEQ:
+            for (int32_t m : spine(e)) out = std::min(out, smallest_count_above(m, above));
+            break;
+        case K_ALT:
+        case K_AND:
+            for (int32_t m : members(e)) out = std::min(out, smallest_count_above(m, above));
+            break;
+        case K_FRAME: out = smallest_count_above(static_cast<int32_t>(args(e)[0]), above); break;
+        case K_REPEAT: {
+            const int64_t hi = args(e)[2];
+            out = smallest_count_above(static_cast<int32_t>(args(e)[0]), above);
+            if (hi > above) out = std::min(out, hi);
             break;
         }
         default: break;
     }
-    clamped_[e] = out;
     return out;
+}
+
+int64_t ExprCore::closure_bound(int32_t u) {
+    const auto known = closure_bound_.find(u);
+    if (known != closure_bound_.end()) return known->second;
+    std::vector<int32_t> states{u};
+    std::unordered_map<int32_t, int32_t> index{{u, 0}};
+    std::vector<std::vector<int32_t>> from(1);  // per state, the states with a byte to it
+    for (size_t i = 0; i < states.size(); ++i)
+        for (const ByteSet& c : byte_classes(states[i])) {
+            const int32_t next = d(states[i], lowest(c));
+            if (next == NOTHING) continue;
+            const auto [at, fresh] = index.try_emplace(next, static_cast<int32_t>(states.size()));
+            if (fresh) {
+                if (states.size() == MAX_CLOSURE_STATES) return closure_bound_[u] = -1;
+                states.push_back(next);
+                from.emplace_back();
+            }
+            from[at->second].push_back(static_cast<int32_t>(i));
+        }
+    // Shortest completions, breadth first backwards from the states that may end; the largest
+    // bounds every state of the closure (each one's closure is part of it).
+    std::vector<int64_t> dist(states.size(), -1);
+    std::vector<int32_t> queue;
+    for (size_t i = 0; i < states.size(); ++i)
+        if (nullable(states[i])) dist[i] = 0, queue.push_back(static_cast<int32_t>(i));
+    int64_t bound = 0;
+    for (size_t q = 0; q < queue.size(); ++q) {
+        const int32_t i = queue[q];
+        bound = dist[i];
+        for (int32_t j : from[i])
+            if (dist[j] < 0) dist[j] = dist[i] + 1, queue.push_back(j);
+    }
+    for (int32_t s : states) closure_bound_.emplace(s, bound);
+    return bound;
 }
 
 bool ExprCore::alternatives(int32_t e, std::vector<int32_t>& out) {

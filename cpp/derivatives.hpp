@@ -107,7 +107,6 @@ public:
 
     size_t size() const { return exprs_.size(); }
     size_t estimated_bytes() const;
-    int64_t clamp_limit = -1;
 
     // Semantics (constrain/derivatives.py has the docstrings).
     bool nullable(int32_t e);
@@ -118,7 +117,7 @@ public:
     double min_completion(int32_t e);
     double min_bound(int32_t e);
     bool is_live(int32_t e);
-    int32_t clamp(int32_t e);
+    int32_t clamp(int32_t e, int64_t limit);
     int32_t seq(int32_t a, int32_t b) { return mk_seq(a, b); }
     bool alternatives(int32_t e, std::vector<int32_t>& out);
     int32_t step_bytes(int32_t e, const uint8_t* data, size_t n);
@@ -183,6 +182,11 @@ private:
     template <bool Exact>
     double structural_min(int32_t e);
     bool search_live(int32_t e);
+    // Exact clamping inside an intersection (constrain/derivatives.py, ExprTable.clamp).
+    int32_t clamp_intersection(int32_t e, int64_t limit);
+    int32_t recount(int32_t e, int64_t above, int64_t to);  // counts above `above` set to `to` (-1: unbounded)
+    int64_t smallest_count_above(int32_t e, int64_t above);
+    int64_t closure_bound(int32_t u);  // the longest shortest completion over u's closure; -1 if too large
     void fill_row(int32_t s);
     void grow(size_t need);
 
@@ -216,7 +220,9 @@ private:
     std::vector<std::vector<ByteSet>> class_sets_;
     std::vector<double> min_, bound_;  // NaN unknown
     std::vector<int8_t> live_;         // -1 unknown
-    std::vector<int32_t> clamped_, unordered_body_;
+    std::vector<int32_t> unordered_body_;
+    std::unordered_map<int64_t, int32_t> clamped_;  // (limit << 32 | e) -> clamped e
+    std::unordered_map<int32_t, int64_t> closure_bound_;
     std::unordered_map<int32_t, int64_t> null_open_, class_open_;
     int64_t null_cut_, class_cut_;
 

@@ -5,6 +5,7 @@ with the C++ walker and table and with their numpy/Python twins."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 
@@ -12,10 +13,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.walks import expressions
 
 import constrain
 from constrain.automaton import MAX_LONG_TOKENS, TokenAutomaton
 from constrain.compiler import GrammarCompiler
+from constrain.derivatives import NOTHING, ExprTable
+from constrain.grammars import ir
+from constrain.native_derivatives import NativeExprTable, available
 from constrain.tokenizers import llama3, smollm2, tekken
 
 GITHUB_EASY_0 = {  # JSONSchemaBench Github_easy/0: the engine benchmark's costliest host path before clamping short
@@ -34,6 +39,10 @@ CASES = [
     ("schema", {"type": "string", "minLength": 40, "maxLength": 90}, {}),
     ("schema", {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 60}, {}),
     ("schema", {"type": "string", "pattern": "^[a-z -]*$", "maxLength": 80}, {}),
+    # intersections whose completions are long (twelve x's to end), or whose lower bound stays
+    ("schema", {"type": "string", "pattern": "^[a-z ]*x{12}$", "maxLength": 70}, {}),
+    ("schema", {"type": "string", "pattern": "^(ab|c-d)+$", "minLength": 30, "maxLength": 90}, {}),
+    ("schema", {"type": "string", "format": "email", "maxLength": 64}, {}),
     ("schema", {"type": "integer", "minimum": 0, "maximum": 10**40}, {}),
     ("schema", {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
      {"whitespace": "flexible", "max_whitespace": 100}),
@@ -76,11 +85,11 @@ def check_walk(a: TokenAutomaton, rng: random.Random, steps: int) -> int:
         got = a.mask(state)
         assert got.dtype == np.int32 and np.array_equal(got, want)
         assert a.mask_is_cached(state) and a.mask(state) is got
-        clamped += a.table.clamp(state) != state
+        clamped += a.table.clamp(state, a.long_tokens.limit) != state
         if not len(tokens):
             break
         targets = np.unique(nexts)
-        changed = targets[[a.table.clamp(int(s)) != s for s in targets]]
+        changed = targets[[a.table.clamp(int(s), a.long_tokens.limit) != s for s in targets]]
         pools = [np.nonzero(lengths[tokens] > a.long_tokens.limit)[0], np.nonzero(np.isin(nexts, changed))[0]]
         pool = [p for p in pools if len(p) and rng.random() < 0.4]
         pick = rng.choice(pool[0].tolist()) if pool else rng.randrange(len(tokens))
@@ -97,7 +106,7 @@ def test_limit_leaves_few_long_tokens(name: str) -> None:
     a = constrain.compile_regex("[a-z]{3,40}", vocab)._automaton
     lengths = np.array([len(b) if b else 0 for b in vocab.token_bytes])
     limit = a.long_tokens.limit
-    assert a.table.clamp_limit == limit < int(lengths.max())
+    assert limit < a.long_tokens.longest == int(lengths.max())
     assert np.count_nonzero(lengths > limit) <= MAX_LONG_TOKENS < np.count_nonzero(lengths > limit - 1)
     assert a.long_tokens.trie is not None and a.long_tokens.trie.size == np.count_nonzero(lengths > limit)
     short = np.unpackbits(a.long_tokens.short.view(np.uint8), bitorder="little")[:len(lengths)]
@@ -119,12 +128,13 @@ def test_masks_exact_twin(case: tuple, rng: random.Random) -> None:
     check_walk(compile_case(case, smollm2(), native=False), rng, steps=20)
 
 
-def test_walks_reach_clamped_states() -> None:
+@pytest.mark.parametrize("native", [True, False])
+def test_walks_reach_clamped_states(native: bool) -> None:
     """The walks above do meet states whose counts clamping changes (or they would prove nothing),
-    except inside the intersection, which clamping leaves whole."""
-    met = [sum(check_walk(compile_case(case, smollm2(), native=True), random.Random(seed), steps=30) for seed in range(3))
+    the intersection of a pattern with a length included."""
+    met = [sum(check_walk(compile_case(case, smollm2(), native=native), random.Random(seed), steps=30) for seed in range(3))
            for case in CASES]
-    assert all(n >= 3 for case, n in zip(CASES, met) if case is not CASES[3])
+    assert all(n >= 3 for n in met), met
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -146,3 +156,49 @@ def test_full_walks_bounded_by_short_limit(native: bool) -> None:
         assert np.array_equal(a.mask(state), exact(a, state)[0])
         state = a.next_state(state, letter)
     assert 0 < len(calls) <= a.long_tokens.limit + 2
+
+
+ANY_AB = ir.repeat(ir.byte_set(b"ab"), 0, None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(item=st.one_of(st.just(ir.byte_set(b"ab")), expressions), other=st.one_of(st.just(ANY_AB), expressions), ending=st.integers(0, 4), lo=st.integers(0, 2), hi=st.integers(2, 14),
+       limit=st.integers(1, 3), native=st.booleans() if available() else st.just(False))
+def test_clamped_intersection_agrees_on_short_strings(item: ir.Node, other: ir.Node, ending: int, lo: int, hi: int,
+                                                      limit: int, native: bool) -> None:
+    """A counted intersection and its clamped state agree on every string of at most ``limit``
+    bytes on whether it leads somewhere live (a token allowed), and on every shorter one on
+    whether it is a match (a token crossing into what follows has a byte after the match). The
+    oracle is the unclamped state itself."""
+    # (an ending of ``ending`` times "ab" makes completions long, after a loop of one-byte items: the
+    # cut must leave room for them)
+    node = ir.intersect(ir.repeat(item, lo, hi), ir.seq(other, ir.repeat(ir.literal("ab"), ending, ending)))
+    table = (NativeExprTable if native else ExprTable)(ir.Grammar.of(node))
+    for first in (b"", b"a", b"b"):  # (the start is the rule; the intersection, a state after a byte)
+        state = table.step_bytes(table.start, first)
+        clamped = table.clamp(state, limit)
+        for n in range(limit + 1):
+            for t in map(bytes, itertools.product(b"ab", repeat=n)):
+                a, b = table.step_bytes(state, t), table.step_bytes(clamped, t)
+                assert (a != NOTHING and table.is_live(a)) == (b != NOTHING and table.is_live(b)), first + t
+                if n < limit:
+                    assert (a != NOTHING and table.nullable(a)) == (b != NOTHING and table.nullable(b)), first + t
+
+
+@pytest.mark.parametrize("schema", [{"type": "string", "maxLength": 1000},
+                                    {"type": "string", "pattern": "^[a-z]*$", "maxLength": 1000}])
+def test_long_tokens_walked_once_far_from_the_count(schema: dict) -> None:
+    """Counts beyond the longest token do not change the long tokens' walk either: 150 characters
+    into a string of at most 1000 (with a pattern: an intersection), they are walked once."""
+    vocab = smollm2()
+    a = constrain.compile_json_schema(schema, vocab)._automaton
+    assert a._long_walker is not None
+    calls = []
+    real = a._long_walker.mask
+    a._long_walker.mask = lambda state: calls.append(state) or real(state)
+    quote, letter = vocab.token_bytes.index(b'"'), vocab.token_bytes.index(b"a")
+    state = a.next_state(a.initial_state, quote)
+    for _ in range(150):
+        assert np.array_equal(a.mask(state), exact(a, state)[0])
+        state = a.next_state(state, letter)
+    assert len(calls) == 1
