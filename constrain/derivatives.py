@@ -438,7 +438,8 @@ class ExprTable:
         if got is not None:
             return got
         index = {u: 0}
-        states, sources = [u], [[]]  # per state, the states with a byte to it
+        states: list[int] = [u]
+        sources: list[list[int]] = [[]]  # per state, the states with a byte to it
         i = 0
         while i < len(states):
             for c in self.byte_classes(states[i]):
