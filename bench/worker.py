@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mem-gb", type=float, default=0)
+    ap.add_argument("--freeze-heap", type=int, default=0, help="1: freeze the startup heap once ready")
     args = ap.parse_args()
     _exit_with_parent()
 
@@ -131,6 +132,11 @@ def main() -> None:
     except Exception as e:
         send({"ready": False, "error": f"{type(e).__name__}: {str(e)[:500]}"})
         return
+    if args.freeze_heap:  # as a server does once started (vLLM's freeze_gc_heap): collections skip it
+        import gc
+
+        gc.collect()
+        gc.freeze()
     send({"ready": True, "version": ADAPTERS[args.engine].version()})
 
     for line in sys.stdin:
