@@ -16,12 +16,11 @@ Intersection and complement are native to derivatives; they are why a state that
 from __future__ import annotations
 
 import heapq
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
 import numpy as np
 
@@ -47,10 +46,11 @@ MAX_CLOSURE_STATES = 1024
 __all__ = ["DEFAULT_MAX_STATES", "ExprTable", "StateLimitError", "matches"]
 # The time and memory budgets are checked once per this many new expressions (and per new row).
 BUDGET_CHECK_EVERY = 256
-# Rough bytes per interned expression (its lists, intern key and derivative entries) and per
-# transition row (the dense int32 row and its flags), for the memory budget.
+# Rough bytes per interned expression (its lists, intern key and derivative entries), per
+# transition row (the dense int32 row and its flags) and per cache entry, for the memory budget.
 EXPR_BYTES = 400
 ROW_BYTES = 256 * 4 + 2
+ENTRY_BYTES = 64  # an entry of the clamp and closure caches
 
 
 class StateLimitError(BudgetExceededError):
@@ -93,7 +93,7 @@ class ExprTable:
         self._nullable: list[bool | None] = []
         self._boolean: list[bool] = []  # contains And/Not: language may be empty though not NOTHING
         self._counted: list[bool] = []  # contains a repetition with counted bounds
-        self._clamped: dict[tuple[int, int], int] = {}  # (e, limit) -> e clamped
+        self._clamped: dict[int, dict[int, int | None]] = {}  # limit -> e -> e clamped
         self._closure_bounds: dict[int, int] = {}  # see ``_closure_bound``
         self._sigs: dict[int, int | None] = {}
         self._intern: dict[tuple, int] = {}
@@ -171,7 +171,8 @@ class ExprTable:
 
     def estimated_bytes(self) -> int:
         """A rough estimate of this table's memory: expressions, their caches and the rows."""
-        return len(self._kind) * EXPR_BYTES + len(self.row_done) * ROW_BYTES
+        entries = sum(map(len, self._clamped.values())) + len(self._closure_bounds)
+        return len(self._kind) * EXPR_BYTES + len(self.row_done) * ROW_BYTES + entries * ENTRY_BYTES
 
     def _check_budget(self) -> None:
         """Raise ``BudgetExceededError`` once the current unit of work or the memory is over."""
@@ -343,46 +344,36 @@ class ExprTable:
             return self._mk_seq(a, b)
 
     def clamp(self, e: int, limit: int) -> int:
-        """``e`` with every repetition count clamped to ``limit``.
+        """``e`` with each repetition count that a token of at most ``limit`` bytes cannot reach
+        made unbounded, and each minimum cut to that reach.
 
-        A token of at most ``limit`` bytes completes at most that many non-empty iterations of
-        any repetition: counts beyond the limit cannot change whether it is allowed. States that
-        differ only in such counts (the 37th character of a string with maxLength 100, the 5th
-        item of an array with maxItems 50) share one walk; ``TokenAutomaton`` clamps at a limit
-        below its few longest tokens and walks those apart, from the state clamped at the longest.
-        Inside an intersection a count binds beyond the token (``pattern`` with ``maxLength``:
-        a token is allowed when a completion after it fits the count): see ``_clamp_intersection``.
-        Complements are left whole.
+        Within one token, a repetition whose item's matches have at least m bytes (m >= 1) starts
+        at most T = (limit - 1) // m + 1 iterations, and completes fewer than T before it leaves
+        them for what follows. So ``item{lo,hi}`` and ``item{min(lo, T),}`` (for ``hi >= T``)
+        agree on the strings of at most ``limit`` bytes that can start a match and on the matches
+        of fewer bytes: all that a sequence, union or repetition around them asks of them.
+        States that differ only in such counts (the 37th character of a string with maxLength
+        100, the 5th item of an array with maxItems 50) share one walk; ``TokenAutomaton`` clamps
+        at a limit below its few longest tokens and walks those apart, from the state clamped at
+        the longest. Inside an intersection a count binds beyond the token (``pattern`` with
+        ``maxLength``: a token is allowed when a completion after it fits the count): see
+        ``_clamp_intersection``. Complements are left whole.
         """
-        if not self._counted[e]:
-            return e
-        got = self._clamped.get((e, limit))
-        if got is not None:
-            return got
+        def rule(m: float, lo: int, hi: int | None) -> tuple[int, int | None]:
+            reach = _started(limit, m)
+            return min(lo, reach), None if hi is None or hi >= reach else hi
+
         with self.lock:
-            k, a = self._kind[e], self._args[e]
-            if k == K_SEQ:
-                out = EMPTY
-                for m in reversed(self.spine(e)):
-                    out = self._mk_seq(self.clamp(m, limit), out)
-            elif k == K_ALT:
-                out = self._mk_alt([self.clamp(m, limit) for m in a[0]])
-            elif k == K_FRAME:
-                out = self._mk_frame(self.clamp(a[0], limit))
-            elif k == K_REPEAT:
-                item, lo, hi = a
-                out = self._mk_repeat(self.clamp(item, limit), min(lo, limit), None if hi is None or hi >= limit else hi)
-            elif k == K_AND:
-                out = self._clamp_intersection(e, limit)
-            else:
-                out = e
-            self._clamped[e, limit] = out
-            return out
+            memo = self._clamped.setdefault(limit, {})
+            out = self._recount(e, rule, memo, limit)
+        assert out is not None  # (neither gives up)
+        return out
 
     def _clamp_intersection(self, e: int, limit: int) -> int:
-        """``e`` with its counts above ``limit`` cut to ``limit + B``, where B bounds the shortest
-        completion of every state of U, ``e`` with those counts unbounded; ``e`` itself when a count
-        lies between ``limit`` and ``limit + B`` or U has more than MAX_CLOSURE_STATES states.
+        """``e`` with its counts that no match of at most ``limit`` bytes reaches cut to what
+        matches of ``limit + B`` bytes reach, where B bounds the shortest completion of every
+        state of U, ``e`` with those counts unbounded; ``e`` itself when one of them is below that
+        reach or U has more than MAX_CLOSURE_STATES states.
 
         Exact for a token t of at most ``limit`` bytes: U holds ``e`` and the cut ``e``, and all
         three agree on strings of at most ``limit + B`` bytes. If t leads somewhere live in any of
@@ -390,46 +381,61 @@ class ExprTable:
         ``limit + B`` bytes, so it is in all three. (Counts inside a complement stay: unbounded,
         the complement's language would shrink, and U would no longer hold ``e``.)
         """
-        bound = self._closure_bound(self._recount(e, limit, None))
-        if bound < 0 or self._smallest_count_above(e, limit) < limit + bound:
-            return e
-        return self._recount(e, limit, limit + bound)
+        def relax(m: float, lo: int, hi: int | None) -> tuple[int, int | None]:
+            return lo, None if hi is None or hi > _completed(limit, m) else hi
 
-    def _recount(self, e: int, above: int, to: int | None) -> int:
-        """``e`` with every count above ``above`` set to ``to`` (None: unbounded), outside complements."""
+        relaxed = self._recount(e, relax, {}, None)
+        assert relaxed is not None
+        bound = self._closure_bound(relaxed)
+        if bound < 0:
+            return e
+
+        def cut(m: float, lo: int, hi: int | None) -> tuple[int, int | None] | None:
+            if hi is None or hi <= _completed(limit, m):
+                return lo, hi
+            reach = _completed(limit + bound, m)
+            return None if hi < reach else (lo, max(reach, lo))
+
+        out = self._recount(e, cut, {}, None)
+        return e if out is None else out
+
+    def _recount(self, e: int, rule: Callable[[float, int, int | None], tuple[int, int | None] | None],
+                 memo: dict[int, int | None], clamp_at: int | None) -> int | None:
+        """``e`` rebuilt with each repetition's counts ``rule(m, lo, hi)`` (m: a lower bound on the
+        length of its item's non-empty matches), each intersection clamped at ``clamp_at`` (None:
+        its members rebuilt alike), complements whole; None once ``rule`` gives None. The one
+        traversal under ``clamp`` and ``_clamp_intersection``."""
         if not self._counted[e]:
             return e
-        k, a = self._kind[e], self._args[e]
-        if k == K_SEQ:
-            out = EMPTY
-            for m in reversed(self.spine(e)):
-                out = self._mk_seq(self._recount(m, above, to), out)
-            return out
-        if k in (K_ALT, K_AND):
-            parts = [self._recount(m, above, to) for m in a[0]]
-            return self._mk_alt(parts) if k == K_ALT else self._mk_and(parts)
-        if k == K_FRAME:
-            return self._mk_frame(self._recount(a[0], above, to))
-        if k == K_REPEAT:
-            item, lo, hi = a
-            return self._mk_repeat(self._recount(item, above, to), lo,
-                                   hi if hi is None or hi <= above else None if to is None else max(to, lo))
-        return e
-
-    def _smallest_count_above(self, e: int, above: int) -> float:
-        if not self._counted[e]:
-            return math.inf
-        k, a = self._kind[e], self._args[e]
-        if k == K_SEQ:
-            return min(self._smallest_count_above(m, above) for m in self.spine(e))
-        if k in (K_ALT, K_AND):
-            return min(self._smallest_count_above(m, above) for m in a[0])
-        if k == K_FRAME:
-            return self._smallest_count_above(a[0], above)
-        if k == K_REPEAT:
-            inner = self._smallest_count_above(a[0], above)
-            return min(inner, a[2]) if a[2] is not None and a[2] > above else inner
-        return math.inf
+        if e in memo:
+            return memo[e]
+        self._descend()
+        try:
+            k, a = self._kind[e], self._args[e]
+            out: int | None = e
+            if k in (K_SEQ, K_ALT, K_FRAME) or (k == K_AND and clamp_at is None):
+                parts = self.spine(e) if k == K_SEQ else a[0] if k in (K_ALT, K_AND) else [a[0]]
+                got = [self._recount(m, rule, memo, clamp_at) for m in parts]
+                done = cast(list[int], got)
+                if None in got:
+                    out = None
+                elif k == K_SEQ:
+                    out = EMPTY
+                    for m in reversed(done):
+                        out = self._mk_seq(m, out)
+                else:
+                    out = (self._mk_alt(done) if k == K_ALT else self._mk_and(done) if k == K_AND
+                           else self._mk_frame(done[0]))
+            elif k == K_REPEAT:
+                item = self._recount(a[0], rule, memo, clamp_at)
+                counts = None if item is None else rule(max(1, self._min_bound(a[0])), a[1], a[2])
+                out = None if item is None or counts is None else self._mk_repeat(item, *counts)
+            elif k == K_AND and clamp_at is not None:
+                out = self._clamp_intersection(e, clamp_at)
+        finally:
+            self._level -= 1
+        memo[e] = out
+        return out
 
     def _closure_bound(self, u: int) -> int:
         """The longest shortest completion (bytes) over the states ``u`` reaches, -1 if they are
@@ -1140,6 +1146,17 @@ def structure_signature(table: Structure, e: int, cache: dict[int, int | None]) 
         out = table.signatures.intern((k, *a))
     cache[e] = out
     return out
+
+
+def _started(limit: int, m: float) -> int:
+    """The most iterations of a repetition whose item's non-empty matches have at least ``m``
+    bytes that ``limit`` bytes can start (each completed one takes m, the last at least 1)."""
+    return 1 if m >= limit else (limit - 1) // int(m) + 1
+
+
+def _completed(limit: int, m: float) -> int:
+    """The most such iterations that ``limit`` bytes can complete."""
+    return 0 if m > limit else limit // int(m)
 
 
 def byte_flags(mask: int) -> np.ndarray:

@@ -21,6 +21,7 @@ constexpr size_t BUDGET_CHECK_EVERY = 256;
 constexpr size_t MAX_CLOSURE_STATES = 1024;  // as constrain.derivatives
 constexpr size_t EXPR_BYTES = 400;  // the twin's accounting, so both hit the memory budget alike
 constexpr size_t ROW_BYTES = 256 * 4 + 2;
+constexpr size_t ENTRY_BYTES = 64;  // an entry of the clamp and closure caches
 const double UNKNOWN = std::nan("");
 
 bool test(const ByteSet& m, int b) { return m[b >> 6] >> (b & 63) & 1; }
@@ -203,7 +204,11 @@ void ExprCore::end_work() {
     if (work_depth_ > 0 && --work_depth_ == 0) has_deadline_ = false;
 }
 
-size_t ExprCore::estimated_bytes() const { return exprs_.size() * EXPR_BYTES + buffers_.capacity * ROW_BYTES; }
+size_t ExprCore::estimated_bytes() const {
+    size_t entries = closure_bound_.size();
+    for (const auto& [limit, memo] : clamped_) entries += memo.size();
+    return exprs_.size() * EXPR_BYTES + buffers_.capacity * ROW_BYTES + entries * ENTRY_BYTES;
+}
 
 void ExprCore::check_budget() const {
     if (has_deadline_ && std::chrono::steady_clock::now() > deadline_)
@@ -1028,90 +1033,73 @@ bool ExprCore::search_live(int32_t e) {
     return false;
 }
 
+namespace {
+
+// Repetitions of an item whose non-empty matches have at least m bytes: the most iterations that
+// `limit` bytes can start, and the most they can complete (ExprTable's _started, _completed).
+int64_t started(int64_t limit, double m) { return m >= limit ? 1 : (limit - 1) / static_cast<int64_t>(m) + 1; }
+int64_t completed(int64_t limit, double m) { return m > limit ? 0 : limit / static_cast<int64_t>(m); }
+
+}  // namespace
+
 int32_t ExprCore::clamp(int32_t e, int64_t limit) {
-    if (limit < 0 || !exprs_[e].counted) return e;
-    const int64_t key = limit << 32 | e;
-    const auto known = clamped_.find(key);
-    if (known != clamped_.end()) return known->second;
-    int32_t out = e;
-    switch (kind(e)) {
-        case K_SEQ: {
-            const std::vector<int32_t> parts = spine(e);
-            out = EMPTY;
-            for (size_t i = parts.size(); i-- > 0;) out = mk_seq(clamp(parts[i], limit), out);
-            break;
-        }
-        case K_ALT: {
-            std::vector<int32_t> parts;
-            for (int32_t m : members(e)) parts.push_back(clamp(m, limit));
-            out = mk_alt(parts);
-            break;
-        }
-        case K_FRAME: out = mk_frame(clamp(static_cast<int32_t>(args(e)[0]), limit)); break;
-        case K_REPEAT: {
-            const int32_t item = static_cast<int32_t>(args(e)[0]);
-            const int64_t lo = args(e)[1], hi = args(e)[2];
-            out = mk_repeat(clamp(item, limit), std::min(lo, limit), hi < 0 || hi >= limit ? -1 : hi);
-            break;
-        }
-        case K_AND: out = clamp_intersection(e, limit); break;
-        default: break;
-    }
-    clamped_.emplace(key, out);
-    return out;
+    auto rule = [limit](double m, int64_t& lo, int64_t& hi) {
+        const int64_t reach = started(limit, m);
+        lo = std::min(lo, reach);
+        if (hi >= reach) hi = -1;
+        return true;
+    };
+    return recount(e, rule, clamped_[limit], limit);
 }
 
 int32_t ExprCore::clamp_intersection(int32_t e, int64_t limit) {
-    const int64_t bound = closure_bound(recount(e, limit, -1));
-    if (bound < 0 || smallest_count_above(e, limit) < limit + bound) return e;
-    return recount(e, limit, limit + bound);
+    auto relax = [limit](double m, int64_t&, int64_t& hi) {
+        if (hi > completed(limit, m)) hi = -1;
+        return true;
+    };
+    std::unordered_map<int32_t, int32_t> memo;
+    const int64_t bound = closure_bound(recount(e, relax, memo, -1));
+    if (bound < 0) return e;
+    auto cut = [limit, bound](double m, int64_t& lo, int64_t& hi) {
+        if (hi < 0 || hi <= completed(limit, m)) return true;
+        const int64_t reach = completed(limit + bound, m);
+        if (hi < reach) return false;  // a count that the bound's strings tell apart
+        hi = std::max(reach, lo);
+        return true;
+    };
+    memo.clear();
+    const int32_t out = recount(e, cut, memo, -1);
+    return out < 0 ? e : out;
 }
 
-int32_t ExprCore::recount(int32_t e, int64_t above, int64_t to) {
+template <class Rule>
+int32_t ExprCore::recount(int32_t e, const Rule& rule, std::unordered_map<int32_t, int32_t>& memo, int64_t clamp_at) {
     if (!exprs_[e].counted) return e;
-    switch (kind(e)) {
-        case K_SEQ: {
-            const std::vector<int32_t> parts = spine(e);
-            int32_t out = EMPTY;
-            for (size_t i = parts.size(); i-- > 0;) out = mk_seq(recount(parts[i], above, to), out);
-            return out;
+    const auto known = memo.find(e);
+    if (known != memo.end()) return known->second;
+    Level level(level_, budget_.max_nesting);
+    const int k = kind(e);
+    int32_t out = e;
+    if (k == K_SEQ || k == K_ALT || k == K_FRAME || (k == K_AND && clamp_at < 0)) {
+        std::vector<int32_t> done = k == K_SEQ ? spine(e) : k == K_FRAME ? std::vector<int32_t>{static_cast<int32_t>(args(e)[0])} : members(e);
+        for (int32_t& m : done) {
+            m = recount(m, rule, memo, clamp_at);
+            if (m < 0) return memo[e] = -1;
         }
-        case K_ALT:
-        case K_AND: {
-            std::vector<int32_t> parts;
-            for (int32_t m : members(e)) parts.push_back(recount(m, above, to));
-            return kind(e) == K_ALT ? mk_alt(parts) : mk_and(parts);
+        if (k == K_SEQ) {
+            out = EMPTY;
+            for (size_t i = done.size(); i-- > 0;) out = mk_seq(done[i], out);
+        } else {
+            out = k == K_ALT ? mk_alt(done) : k == K_AND ? mk_and(done) : mk_frame(done[0]);
         }
-        case K_FRAME: return mk_frame(recount(static_cast<int32_t>(args(e)[0]), above, to));
-        case K_REPEAT: {
-            const int32_t item = recount(static_cast<int32_t>(args(e)[0]), above, to);
-            const int64_t lo = args(e)[1], hi = args(e)[2];
-            return mk_repeat(item, lo, hi < 0 || hi <= above ? hi : to < 0 ? -1 : std::max(to, lo));
-        }
-        default: return e;  // (a complement's counts stay: unbounded, its language would shrink)
+    } else if (k == K_REPEAT) {
+        const int32_t item = recount(static_cast<int32_t>(args(e)[0]), rule, memo, clamp_at);
+        int64_t lo = args(e)[1], hi = args(e)[2];
+        out = item < 0 || !rule(std::max(1.0, min_bound(static_cast<int32_t>(args(e)[0]))), lo, hi) ? -1 : mk_repeat(item, lo, hi);
+    } else if (k == K_AND) {
+        out = clamp_intersection(e, clamp_at);
     }
-}
-
-int64_t ExprCore::smallest_count_above(int32_t e, int64_t above) {
-    if (!exprs_[e].counted) return INT64_MAX;
-    int64_t out = INT64_MAX;
-    switch (kind(e)) {
-        case K_SEQ:
-            for (int32_t m : spine(e)) out = std::min(out, smallest_count_above(m, above));
-            break;
-        case K_ALT:
-        case K_AND:
-            for (int32_t m : members(e)) out = std::min(out, smallest_count_above(m, above));
-            break;
-        case K_FRAME: out = smallest_count_above(static_cast<int32_t>(args(e)[0]), above); break;
-        case K_REPEAT: {
-            const int64_t hi = args(e)[2];
-            out = smallest_count_above(static_cast<int32_t>(args(e)[0]), above);
-            if (hi > above) out = std::min(out, hi);
-            break;
-        }
-        default: break;
-    }
+    memo[e] = out;
     return out;
 }
 

@@ -184,8 +184,10 @@ private:
     bool search_live(int32_t e);
     // Exact clamping inside an intersection (constrain/derivatives.py, ExprTable.clamp).
     int32_t clamp_intersection(int32_t e, int64_t limit);
-    int32_t recount(int32_t e, int64_t above, int64_t to);  // counts above `above` set to `to` (-1: unbounded)
-    int64_t smallest_count_above(int32_t e, int64_t above);
+    // e with each repetition's counts by rule(m, lo, hi) (false: give up, -1 returned), each
+    // intersection clamped at clamp_at (-1: its members rebuilt alike); ExprTable._recount.
+    template <class Rule>
+    int32_t recount(int32_t e, const Rule& rule, std::unordered_map<int32_t, int32_t>& memo, int64_t clamp_at);
     int64_t closure_bound(int32_t u);  // the longest shortest completion over u's closure; -1 if too large
     void fill_row(int32_t s);
     void grow(size_t need);
@@ -221,7 +223,7 @@ private:
     std::vector<double> min_, bound_;  // NaN unknown
     std::vector<int8_t> live_;         // -1 unknown
     std::vector<int32_t> unordered_body_;
-    std::unordered_map<int64_t, int32_t> clamped_;  // (limit << 32 | e) -> clamped e
+    std::unordered_map<int64_t, std::unordered_map<int32_t, int32_t>> clamped_;  // limit -> e -> clamped e
     std::unordered_map<int32_t, int64_t> closure_bound_;
     std::unordered_map<int32_t, int64_t> null_open_, class_open_;
     int64_t null_cut_, class_cut_;

@@ -53,6 +53,9 @@ CASES = [
     ("regex", r"-?[0-9]{1,40}(\.[0-9]{2,30})?", {}),
     ("regex", "[ -]{0,100}x", {}),
     ("regex", " {20,90}[a-z]{0,50}", {}),
+    # items of several bytes: a token starts fewer of their iterations
+    ("regex", "(abc){2,40}d", {}),
+    ("schema", {"type": "string", "pattern": "^([a-z]+ ){0,30}$", "maxLength": 300}, {}),
 ]
 
 COMPILERS = {native: GrammarCompiler(native=native) for native in (True, False)}
@@ -158,23 +161,42 @@ def test_full_walks_bounded_by_short_limit(native: bool) -> None:
     assert 0 < len(calls) <= a.long_tokens.limit + 2
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_counts_clamped_by_the_items_length(native: bool) -> None:
+    """A token of at most ``limit`` bytes starts at most T = (limit - 1) // 3 + 1 iterations of
+    ``abc``: the states of ``(abc){0,60}`` with T or more left share one clamped state."""
+    a = GrammarCompiler(native=native).compile_regex("(abc){0,60}", smollm2())._automaton
+    limit = a.long_tokens.limit
+    state, keys = a.initial_state, set()
+    for _ in range(59):  # (the start is the rule, then 59 iterations left, ..., 1)
+        state = a.table.step_bytes(state, b"abc")
+        keys.add(a.table.clamp(state, limit))
+    assert len(keys) == (limit - 1) // 3 + 1 < limit
+
+
 ANY_AB = ir.repeat(ir.byte_set(b"ab"), 0, None)
+# items whose matches are longer than a byte: a token starts fewer of their iterations
+ITEMS = st.sampled_from([ir.byte_set(b"ab"), ir.literal("ab"), ir.alt(ir.literal("abb"), ir.literal("ba")),
+                         ir.seq(ir.literal("a"), ir.repeat(ir.literal("b"), 0, 2))])
 
 
-@settings(max_examples=300, deadline=None)
-@given(item=st.one_of(st.just(ir.byte_set(b"ab")), expressions), other=st.one_of(st.just(ANY_AB), expressions), ending=st.integers(0, 4), lo=st.integers(0, 2), hi=st.integers(2, 14),
-       limit=st.integers(1, 3), native=st.booleans() if available() else st.just(False))
-def test_clamped_intersection_agrees_on_short_strings(item: ir.Node, other: ir.Node, ending: int, lo: int, hi: int,
-                                                      limit: int, native: bool) -> None:
-    """A counted intersection and its clamped state agree on every string of at most ``limit``
-    bytes on whether it leads somewhere live (a token allowed), and on every shorter one on
-    whether it is a match (a token crossing into what follows has a byte after the match). The
-    oracle is the unclamped state itself."""
+@settings(max_examples=400, deadline=None)
+@given(item=st.one_of(ITEMS, expressions), other=st.one_of(st.just(ANY_AB), expressions), ending=st.integers(0, 4),
+       lo=st.integers(0, 4), hi=st.integers(2, 14), limit=st.integers(1, 5), within=st.booleans(),
+       native=st.booleans() if available() else st.just(False))
+def test_clamped_state_agrees_on_short_strings(item: ir.Node, other: ir.Node, ending: int, lo: int, hi: int,
+                                               limit: int, within: bool, native: bool) -> None:
+    """A counted repetition, followed by more or inside an intersection, and its clamped state agree
+    on every string of at most ``limit`` bytes on whether it leads somewhere live (a token allowed),
+    and on every shorter one on whether it is a match (a token crossing into what follows has a
+    byte after the match). The oracle is the unclamped state itself."""
     # (an ending of ``ending`` times "ab" makes completions long, after a loop of one-byte items: the
     # cut must leave room for them)
-    node = ir.intersect(ir.repeat(item, lo, hi), ir.seq(other, ir.repeat(ir.literal("ab"), ending, ending)))
+    rest = ir.seq(other, ir.repeat(ir.literal("ab"), ending, ending))
+    counted = ir.repeat(item, min(lo, hi), hi)
+    node = ir.intersect(counted, rest) if within else ir.seq(counted, rest)
     table = (NativeExprTable if native else ExprTable)(ir.Grammar.of(node))
-    for first in (b"", b"a", b"b"):  # (the start is the rule; the intersection, a state after a byte)
+    for first in (b"", b"a", b"b"):  # (the start is the rule; the state itself, after a byte)
         state = table.step_bytes(table.start, first)
         clamped = table.clamp(state, limit)
         for n in range(limit + 1):
