@@ -370,16 +370,18 @@ class ExprTable:
         return out
 
     def _clamp_intersection(self, e: int, limit: int) -> int:
-        """``e`` with its counts that no match of at most ``limit`` bytes reaches cut to what
-        matches of ``limit + B`` bytes reach, where B bounds the shortest completion of every
-        state of U, ``e`` with those counts unbounded; ``e`` itself when one of them is below that
-        reach or U has more than MAX_CLOSURE_STATES states.
+        """U, ``e`` with its counts that no match of at most ``limit`` bytes reaches made
+        unbounded; ``e`` itself when one of them is below the reach of matches of ``limit + B``
+        bytes (B bounds the shortest completion of every state of U) or U has more than
+        MAX_CLOSURE_STATES states.
 
-        Exact for a token t of at most ``limit`` bytes: U holds ``e`` and the cut ``e``, and all
-        three agree on strings of at most ``limit + B`` bytes. If t leads somewhere live in any of
-        them, it does in U, where a completion w of at most B bytes follows; t w has at most
-        ``limit + B`` bytes, so it is in all three. (Counts inside a complement stay: unbounded,
-        the complement's language would shrink, and U would no longer hold ``e``.)
+        Exact for a token t of at most ``limit`` bytes: U holds ``e``, and the two agree on the
+        strings of at most ``limit + B`` bytes. If t leads somewhere live in U, a completion w of
+        at most B bytes follows; t w has at most ``limit + B`` bytes, so it is in ``e`` too. U is
+        also the cheaper walk: an unbounded count loops where a bounded one makes a new state at
+        every byte, and with the other side of the intersection, a product of them. (Counts inside
+        a complement stay: unbounded, the complement's language would shrink, and U would no
+        longer hold ``e``.)
         """
         def relax(m: float, lo: int, hi: int | None) -> tuple[int, int | None]:
             return lo, None if hi is None or hi > _completed(limit, m) else hi
@@ -390,14 +392,11 @@ class ExprTable:
         if bound < 0:
             return e
 
-        def cut(m: float, lo: int, hi: int | None) -> tuple[int, int | None] | None:
-            if hi is None or hi <= _completed(limit, m):
-                return lo, hi
-            reach = _completed(limit + bound, m)
-            return None if hi < reach else (lo, max(reach, lo))
+        def reaches(m: float, lo: int, hi: int | None) -> tuple[int, int | None] | None:
+            told_apart = hi is not None and _completed(limit, m) < hi < _completed(limit + bound, m)
+            return None if told_apart else (lo, hi)
 
-        out = self._recount(e, cut, {}, None)
-        return e if out is None else out
+        return e if self._recount(e, reaches, {}, None) is None else relaxed
 
     def _recount(self, e: int, rule: Callable[[float, int, int | None], tuple[int, int | None] | None],
                  memo: dict[int, int | None], clamp_at: int | None) -> int | None:

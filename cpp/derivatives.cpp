@@ -1058,18 +1058,14 @@ int32_t ExprCore::clamp_intersection(int32_t e, int64_t limit) {
         return true;
     };
     std::unordered_map<int32_t, int32_t> memo;
-    const int64_t bound = closure_bound(recount(e, relax, memo, -1));
+    const int32_t relaxed = recount(e, relax, memo, -1);
+    const int64_t bound = closure_bound(relaxed);
     if (bound < 0) return e;
-    auto cut = [limit, bound](double m, int64_t& lo, int64_t& hi) {
-        if (hi < 0 || hi <= completed(limit, m)) return true;
-        const int64_t reach = completed(limit + bound, m);
-        if (hi < reach) return false;  // a count that the bound's strings tell apart
-        hi = std::max(reach, lo);
-        return true;
+    auto reaches = [limit, bound](double m, int64_t&, int64_t& hi) {  // a count the bound's strings tell apart: no
+        return hi < 0 || hi <= completed(limit, m) || hi >= completed(limit + bound, m);
     };
     memo.clear();
-    const int32_t out = recount(e, cut, memo, -1);
-    return out < 0 ? e : out;
+    return recount(e, reaches, memo, -1) < 0 ? e : relaxed;
 }
 
 template <class Rule>
