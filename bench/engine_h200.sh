@@ -18,6 +18,13 @@
 # .whl* folders hold the packages the device image lacks: .whl (lark, jsonschema, gguf, pydantic...),
 # .whl_anchors (xgrammar, apache-tvm-ffi, llguidance's site folder), .whl_llama (llama-models'
 # Llama-3 vocabulary); each call carries the ones it needs (a call carries at most 64 MiB).
+# Made here with pip download for the device's Python (3.12, manylinux x86_64), for example:
+#   DL="python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+#       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
+#   $DL -d .whl lark jsonschema jsonschema-specifications referencing rpds-py pydantic pydantic-core \
+#       annotated-types typing-inspection typing-extensions gguf nanobind
+#   $DL -d .whl_anchors xgrammar apache-tvm-ffi;  $DL -d .whl_llama llama-models
+#   mkdir -p .bench_full && cp -a ../shared/data .bench_full/shared_data   (all git-ignored)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
