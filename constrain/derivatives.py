@@ -383,20 +383,20 @@ class ExprTable:
         a complement stay: unbounded, the complement's language would shrink, and U would no
         longer hold ``e``.)
         """
+        lifted: list[tuple[float, int]] = []  # (m, hi) of each count made unbounded
+
         def relax(m: float, lo: int, hi: int | None) -> tuple[int, int | None]:
-            return lo, None if hi is None or hi > _completed(limit, m) else hi
+            if hi is None or hi <= _completed(limit, m):
+                return lo, hi
+            lifted.append((m, hi))
+            return lo, None
 
         relaxed = self._recount(e, relax, {}, None)
         assert relaxed is not None
         bound = self._closure_bound(relaxed)
-        if bound < 0:
+        if bound < 0 or any(hi < _completed(limit + bound, m) for m, hi in lifted):
             return e
-
-        def reaches(m: float, lo: int, hi: int | None) -> tuple[int, int | None] | None:
-            told_apart = hi is not None and _completed(limit, m) < hi < _completed(limit + bound, m)
-            return None if told_apart else (lo, hi)
-
-        return e if self._recount(e, reaches, {}, None) is None else relaxed
+        return relaxed
 
     def _recount(self, e: int, rule: Callable[[float, int, int | None], tuple[int, int | None] | None],
                  memo: dict[int, int | None], clamp_at: int | None) -> int | None:

@@ -1053,19 +1053,21 @@ int32_t ExprCore::clamp(int32_t e, int64_t limit) {
 }
 
 int32_t ExprCore::clamp_intersection(int32_t e, int64_t limit) {
-    auto relax = [limit](double m, int64_t&, int64_t& hi) {
-        if (hi > completed(limit, m)) hi = -1;
+    std::vector<std::pair<double, int64_t>> lifted;  // (m, hi) of each count made unbounded
+    auto relax = [limit, &lifted](double m, int64_t&, int64_t& hi) {
+        if (hi > completed(limit, m)) {
+            lifted.emplace_back(m, hi);
+            hi = -1;
+        }
         return true;
     };
     std::unordered_map<int32_t, int32_t> memo;
     const int32_t relaxed = recount(e, relax, memo, -1);
     const int64_t bound = closure_bound(relaxed);
     if (bound < 0) return e;
-    auto reaches = [limit, bound](double m, int64_t&, int64_t& hi) {  // a count the bound's strings tell apart: no
-        return hi < 0 || hi <= completed(limit, m) || hi >= completed(limit + bound, m);
-    };
-    memo.clear();
-    return recount(e, reaches, memo, -1) < 0 ? e : relaxed;
+    for (const auto& [m, hi] : lifted)
+        if (hi < completed(limit + bound, m)) return e;  // a count that the bound's strings tell apart
+    return relaxed;
 }
 
 template <class Rule>

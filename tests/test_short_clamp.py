@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from support.walks import expressions
 
@@ -181,6 +181,12 @@ ITEMS = st.sampled_from([ir.byte_set(b"ab"), ir.literal("ab"), ir.alt(ir.literal
 
 
 @settings(max_examples=400, deadline=None)
+# The tight case: after "a", the token "b" leads to the longest shortest completion (B = 4 bytes),
+# so the 4 iterations left are told apart from unbounded ones by 1 + 4 bytes and must stay.
+@example(item=ir.byte_set(b"ab"), other=ir.seq(ir.literal("a"), ir.alt(ir.literal("baaaa"), ir.literal("a"))),
+         ending=0, lo=0, hi=5, limit=1, within=True, native=False)
+@example(item=ir.byte_set(b"ab"), other=ir.seq(ir.literal("a"), ir.alt(ir.literal("baaaa"), ir.literal("a"))),
+         ending=0, lo=0, hi=5, limit=1, within=True, native=available())
 @given(item=st.one_of(ITEMS, expressions), other=st.one_of(st.just(ANY_AB), expressions), ending=st.integers(0, 4),
        lo=st.integers(0, 4), hi=st.integers(2, 14), limit=st.integers(1, 5), within=st.booleans(),
        native=st.booleans() if available() else st.just(False))
@@ -190,8 +196,8 @@ def test_clamped_state_agrees_on_short_strings(item: ir.Node, other: ir.Node, en
     on every string of at most ``limit`` bytes on whether it leads somewhere live (a token allowed),
     and on every shorter one on whether it is a match (a token crossing into what follows has a
     byte after the match). The oracle is the unclamped state itself."""
-    # (an ending of ``ending`` times "ab" makes completions long, after a loop of one-byte items: the
-    # cut must leave room for them)
+    # (an ending of ``ending`` times "ab" makes completions long, after a loop of one-byte items: a
+    # count may be lifted only where they fit below it)
     rest = ir.seq(other, ir.repeat(ir.literal("ab"), ending, ending))
     counted = ir.repeat(item, min(lo, hi), hi)
     node = ir.intersect(counted, rest) if within else ir.seq(counted, rest)
