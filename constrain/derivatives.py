@@ -104,8 +104,8 @@ class ExprTable:
         self._rule_names = list(grammar.rules)
         self._rule_nodes = list(grammar.rules.values())
         self._rule_body: list[int | None] = [None] * len(self._rule_nodes)
-        # Lower bounds while the exact lengths are computed (these search intersections).
-        self._rule_min: dict[str, float] = grammar.min_lengths
+        # Lower bounds until the exact lengths replace them (``_settle``).
+        self._rule_min: dict[str, float] = dict(grammar.min_lengths)
         self._unordered: list[_Unordered] = []
         self._unordered_body: dict[int, int] = {}
         self._first: dict[int, int] = {}
@@ -137,7 +137,7 @@ class ExprTable:
         if grammar.start not in self._rule_ids:
             raise GrammarError(f"grammar has no start rule {grammar.start!r}")
         with self.work():
-            self._rule_min = measure_rules(grammar.rules, self._exact_min, grammar.rule_lengths).lengths
+            measure_rules(grammar.rules, self._exact_min, grammar.rule_lengths, self._settle)
             self.start = self._convert(ir.Ref(grammar.start))
 
     def _exact_min(self, node: ir.Node) -> float:
@@ -145,6 +145,19 @@ class ExprTable:
         an unsatisfiable one (``pattern`` against ``minLength``) makes its rule unproductive, so
         no walk is ever offered the way into it."""
         return self.min_completion(self._convert(node))
+
+    def _settle(self, lengths: dict[str, float]) -> None:
+        """Exact lengths of rules, final before the rules using them are measured; the shortest
+        completions found with the lower bounds they replace are forgotten."""
+        changed = [(name, n) for name, n in lengths.items() if self._rule_min.get(name, INFINITE) != n]
+        for name, n in changed:
+            if n < INFINITE:
+                self._rule_min[name] = n
+            else:
+                del self._rule_min[name]  # (absent: unproductive, as in ``measure_rules``' lengths)
+        if changed:
+            self._min.clear()
+            self._bound.clear()
 
     @contextmanager
     def work(self) -> Iterator[None]:

@@ -47,15 +47,24 @@ class NativeExprTable(_core.ExprCore if _core is not None else object):  # type:
         if grammar.start not in grammar.rules:
             raise GrammarError(f"grammar has no start rule {grammar.start!r}")
         names = list(grammar.rules)
-        super().__init__(list(grammar.rules.values()), {n: i for i, n in enumerate(names)}, _IR_CLASSES, float(budget.seconds),
+        index = {n: i for i, n in enumerate(names)}
+        super().__init__(list(grammar.rules.values()), index, _IR_CLASSES, float(budget.seconds),
                          float(budget.max_bytes), int(budget.max_states), MAX_NESTING)
         self.lock = threading.RLock()
         self.signatures = Signatures() if signatures is None else signatures
         self._sigs: dict[int, int | None] = {}
+        lengths = [grammar.min_lengths.get(n, INFINITE) for n in names]
+
+        def settle(exact: dict[str, float]) -> None:  # as ``ExprTable._settle``
+            changed = [(index[name], n) for name, n in exact.items() if lengths[index[name]] != n]
+            for i, n in changed:
+                lengths[i] = n
+            if changed:
+                self.set_rule_lengths(lengths)
+
         with self.work():  # lower bounds first (the front end's), then the exact lengths searched here
-            self.set_rule_lengths([grammar.min_lengths.get(n, INFINITE) for n in names])
-            lengths = measure_rules(grammar.rules, self.exact_min, grammar.rule_lengths).lengths
-            self.set_rule_lengths([lengths.get(n, INFINITE) for n in names])
+            self.set_rule_lengths(lengths)
+            measure_rules(grammar.rules, self.exact_min, grammar.rule_lengths, settle)
             self.start = self.ref(names.index(grammar.start))
             self.release_source()  # (the IR objects may go: a long-lived grammar holds no Python objects of them)
 

@@ -222,7 +222,11 @@ void ExprCore::check_budget() const {
 
 void ExprCore::set_rule_lengths(const std::vector<double>& lengths) {
     if (lengths.size() != rule_min_.size()) throw std::invalid_argument("ExprCore: one length per rule");
+    if (lengths == rule_min_) return;
     rule_min_ = lengths;
+    // Shortest completions found with the lengths replaced are forgotten.
+    std::fill(min_.begin(), min_.end(), UNKNOWN);
+    std::fill(bound_.begin(), bound_.end(), UNKNOWN);
 }
 
 // ---------------------------------------------------------------------------------- interning

@@ -316,7 +316,8 @@ def rule_min_lengths(rules: Mapping[str, Node], exact: Callable[[Node], float] |
 
 
 def measure_rules(rules: Mapping[str, Node], exact: Callable[[Node], float] | None = None,
-                  known: RuleLengths | None = None) -> RuleLengths:
+                  known: RuleLengths | None = None,
+                  settled: Callable[[dict[str, float]], None] | None = None) -> RuleLengths:
     """``rule_min_lengths``, with what it learnt; ``known``: an earlier measure of the same rules
     (without ``exact``), whose graph is reused and whose exact lengths are kept: only the rules it
     bounded are measured again (the compiler's exact pass after the front end's check), and none
@@ -325,6 +326,11 @@ def measure_rules(rules: Mapping[str, Node], exact: Callable[[Node], float] | No
     Rules are measured after the rules they use (no recursion through references, so a chain
     of thousands of rules costs no depth); a cycle is iterated until its lengths settle, which
     takes at most one pass per rule in it (a shortest derivation repeats no rule on a path).
+
+    ``settled`` is told each component's lengths (``INFINITE`` included) once they are final,
+    before any rule using them is measured: ``exact`` can then measure with them, so that an
+    intersection found empty makes the rules above it unproductive too (``exact`` measuring
+    with the first pass's lower bounds would find them a length).
     """
     if known is not None and exact is not None and _bounds_exact(known, exact):
         # Every bound taken was exact: measuring again would repeat the same sums and minima.
@@ -337,11 +343,13 @@ def measure_rules(rules: Mapping[str, Node], exact: Callable[[Node], float] | No
     for comp in strongly_connected_components(graph, rules):
         if known is not None and known.bounded.isdisjoint(comp):
             lengths.update((name, known.lengths[name]) for name in comp if name in known.lengths)
-            continue
-        bounds_before = size.bounds_seen
-        _measure_component(comp, rules, graph, lengths, size)
-        if size.bounds_seen > bounds_before or any(not bounded.isdisjoint(graph[name]) for name in comp):
-            bounded.update(comp)
+        else:
+            bounds_before = size.bounds_seen
+            _measure_component(comp, rules, graph, lengths, size)
+            if size.bounds_seen > bounds_before or any(not bounded.isdisjoint(graph[name]) for name in comp):
+                bounded.update(comp)
+        if settled is not None:
+            settled({name: lengths.get(name, INFINITE) for name in comp})
     return RuleLengths({name: n for name, n in lengths.items() if n < INFINITE}, frozenset(bounded), graph,
                        tuple(size.bounds.values()) if size.bounds_known else None)
 

@@ -173,6 +173,11 @@ def test_unsatisfiable_constraint_is_refused() -> None:
     never = ir.intersect(ir.literal("a"), ir.literal("b"))
     with pytest.raises(constrain.UnsatisfiableError, match="unsatisfiable"):
         constrain.compile_grammar(ir.Grammar.of(never), gpt2())
+    # every item whose "c" matches "a+" has a "c" matching "a*": no item can violate the second
+    item = lambda p: {"type": "object", "required": ["c"], "properties": {"c": {"type": "string", "pattern": p}}}
+    narrower = {"allOf": [{"type": "array", "items": item("^a+$")}, {"not": {"type": "array", "items": item("^a*$")}}]}
+    with pytest.raises(constrain.UnsatisfiableError, match="unsatisfiable"):
+        constrain.compile_json_schema(narrower, gpt2())
     empty_rec = ir.Grammar({"start": ir.seq(ir.literal("x"), ir.ref("start"))})
     with pytest.raises(GrammarError, match="unsatisfiable"):
         constrain.compile_grammar(empty_rec, gpt2())

@@ -174,6 +174,21 @@ def test_masks_on_a_real_vocabulary_match_the_python_core() -> None:
     assert compared > 200
 
 
+def test_an_empty_rule_inside_an_intersection_empties_it_in_both_twins() -> None:
+    """``hit`` is empty (``a+`` and not ``a*``), which only a search finds; ``start`` needs it
+    inside another intersection, which both twins must measure with ``hit``'s exact length (a
+    lower bound kept ``start`` productive: every mask then searched its way to a budget)."""
+    grammar = ir.Grammar({
+        "start": ir.alt(ir.literal("n"), ir.intersect(ir.seq(ir.literal("["), ir.ref("hit"), ir.literal("]")),
+                                                      ir.seq(ir.literal("["), ir.repeat(ir.byte_set(b"ab")), ir.literal("]")))),
+        "hit": ir.intersect(ir.repeat(ir.literal("a"), 1), ir.complement(ir.repeat(ir.literal("a")))),
+    })
+    for t in twins(grammar):
+        assert t.min_completion(t.start) == 1
+        assert t.derive(t.start, ord("[")) == 0  # NOTHING: no way into the empty branch
+        assert t.derive(t.start, ord("n")) != 0
+
+
 def test_errors_are_the_twins_errors() -> None:
     left = ir.Grammar({"start": ir.alt(ir.seq(ir.ref("start"), ir.literal("x")), ir.literal("y"))})
     for table in (ExprTable, NativeExprTable):
