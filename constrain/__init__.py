@@ -16,7 +16,7 @@ The ``compile_*`` functions use a default ``GrammarCompiler``; make your own to 
 from typing import Any
 
 from constrain.batch_matcher import BatchMatcher
-from constrain.bitmask import allocate_token_bitmask, bitmask_dtype, bitmask_words
+from constrain.bitmask import allocate_token_bitmask, bitmask_words
 from constrain.budget import BudgetExceededError, CompileBudget
 from constrain.compiler import (
     CompiledGrammar,
@@ -39,12 +39,17 @@ def __getattr__(name: str) -> Any:
     """``from constrain import Engine``: the engine layer, imported only when asked for.
 
     constrain/ itself never depends on engine/ (which needs a model stack); this facade only
-    saves users an import line, as DESIGN.md promises.
+    saves users an import line, as DESIGN.md promises. ``bitmask_dtype`` likewise waits for its
+    first use to import torch.
     """
     if name in _ENGINE_NAMES:
         from constrain import engine
 
         return getattr(engine, name)
+    if name == "bitmask_dtype":  # torch.int32: torch is imported when asked for (constrain.bitmask)
+        from constrain import bitmask
+
+        return bitmask.bitmask_dtype
     raise AttributeError(f"module 'constrain' has no attribute {name!r}")
 
 

@@ -17,13 +17,15 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 
 from constrain.arguments import check_instance
 from constrain.matcher import Matcher
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["BatchMatcher"]
 

@@ -6,12 +6,28 @@
 
 from __future__ import annotations
 
+import sys
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
-import torch
 
 from constrain.arguments import check_index
 
-bitmask_dtype = torch.int32
+if TYPE_CHECKING:
+    import torch
+
+    bitmask_dtype: torch.dtype
+
+
+def __getattr__(name: str) -> Any:
+    """``bitmask_dtype`` (``torch.int32``), importing torch only when asked for: ``import constrain``
+    leaves torch out (about a second, and ~150,000 objects for every garbage collection to walk in
+    a process that compiles without it)."""
+    if name == "bitmask_dtype":
+        import torch
+
+        return torch.int32
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -21,7 +37,14 @@ def bitmask_words(vocab_size: int) -> int:
 
 def allocate_token_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
     """A CPU bitmask of ``batch`` rows with every token allowed (-1 = all bits set)."""
-    return torch.full((batch, bitmask_words(vocab_size)), -1, dtype=bitmask_dtype)
+    import torch
+
+    return torch.full((batch, bitmask_words(vocab_size)), -1, dtype=torch.int32)
+
+
+def _is_tensor(value: object) -> bool:
+    torch = sys.modules.get("torch")  # (not imported: no value can be a tensor)
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def bitmask_row(bitmask: torch.Tensor | np.ndarray, index: int, n_words: int) -> torch.Tensor | np.ndarray:
@@ -30,8 +53,8 @@ def bitmask_row(bitmask: torch.Tensor | np.ndarray, index: int, n_words: int) ->
     CPU tensors come back as numpy views (a third of torch's per-call overhead); a narrower row
     would lose the last tokens (the EOS word, often), so it is an error, not a silent cut.
     """
-    if isinstance(bitmask, torch.Tensor):
-        if bitmask.dtype != bitmask_dtype:
+    if not isinstance(bitmask, np.ndarray) and _is_tensor(bitmask):
+        if str(bitmask.dtype) != "torch.int32":
             raise TypeError(f"bitmask must have dtype torch.int32 (see allocate_token_bitmask), got {bitmask.dtype}")
         shape = tuple(bitmask.shape)
     elif isinstance(bitmask, np.ndarray):
@@ -47,7 +70,7 @@ def bitmask_row(bitmask: torch.Tensor | np.ndarray, index: int, n_words: int) ->
                          f"(allocate_token_bitmask(batch, vocab.vocab_size) sizes them)")
     if type(index) is not int or not 0 <= index < shape[0]:
         index = check_index(index, "fill_next_token_bitmask(index)", shape[0], "the rows of the bitmask")
-    if isinstance(bitmask, torch.Tensor) and bitmask.device.type != "cpu":
+    if not isinstance(bitmask, np.ndarray) and bitmask.device.type != "cpu":
         return bitmask[index]
     array: np.ndarray = bitmask if isinstance(bitmask, np.ndarray) else bitmask.numpy()
     row: np.ndarray = array[index]

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from constrain.arguments import check_index, check_instance, check_int
 from constrain.automaton import TokenAutomaton
 from constrain.bitmask import bitmask_row
+
+if TYPE_CHECKING:
+    import torch
 
 # The state after a stop token (no grammar state has a negative id).
 TERMINATED = -2
@@ -126,14 +129,16 @@ class Matcher:
             row[:n] = words
             row[n:] = 0
         else:
+            import torch  # (imported already: the row is a tensor)
+
             row[:n].copy_(torch.from_numpy(words))
             row[n:].zero_()
 
     def allowed_token_ids(self) -> np.ndarray:
         """The allowed next token ids (debugging and tests; engines use the bitmask)."""
-        bits = torch.zeros((1, self._automaton.n_words), dtype=torch.int32)
+        bits = np.zeros((1, self._automaton.n_words), dtype=np.int32)
         self.fill_next_token_bitmask(bits)
-        flags = np.unpackbits(bits.numpy().view(np.uint8), bitorder="little")
+        flags = np.unpackbits(bits.view(np.uint8), bitorder="little")
         return np.nonzero(flags)[0]
 
     def mask_is_cached(self, tokens_left: int | None = None) -> bool:

@@ -139,35 +139,33 @@ def _additional_member(t: Values, lay: Layout, sink: RuleSink, sh: Shape, declar
     may_overlap = [[i == j or _may_overlap(patterns[i][0], patterns[j][0]) for j in range(len(patterns))]
                    for i in range(len(patterns))]
     for chosen in _cliques(may_overlap, sh.pointer):
-        if True:
-            subs: list[Sub] = []
-            ok = True
-            for i, part in enumerate(sh.objects):
-                mine = [patterns[j][1] for j in chosen if patterns[j][2] == i]
-                if mine:
-                    subs += mine
-                elif part.additional is not None:
-                    subs.append(part.additional)
-            if any(s.schema is False for s in subs):
-                continue
-            key_parts = [repeat(sink.shared("json-key-char", ANY_CANONICAL_CHAR))]
-            for j, (pat, _, _i) in enumerate(patterns):
-                if j not in chosen and not all(may_overlap[j][c] for c in chosen):
-                    continue  # disjoint from a chosen pattern: excluded already
-                where = f"{sh.pointer}/patternProperties"
-                node = t.pattern_ir(pat, where, canonical=True)
-                key_parts.append(node if j in chosen else complement(node))
-            if not_declared is not None:
-                key_parts.append(not_declared)
-            key_parts += names
-            for witness in witnesses:
-                key_parts += _witness_key(t, witness, sh.pointer)
-                subs = subs + [witness.value]
-            value = t.value_rule(subs, sh.pointer + "/additionalProperties")
-            if value == NOTHING or not ok:
-                continue
-            key = seq(literal('"'), intersect(*key_parts), literal('"'))
-            out.append(seq(key, lay.colon, value))
+        subs: list[Sub] = []
+        for i, part in enumerate(sh.objects):
+            mine = [patterns[j][1] for j in chosen if patterns[j][2] == i]
+            if mine:
+                subs += mine
+            elif part.additional is not None:
+                subs.append(part.additional)
+        if any(s.schema is False for s in subs):
+            continue
+        key_parts = [repeat(sink.shared("json-key-char", ANY_CANONICAL_CHAR))]
+        for j, (pat, _, _i) in enumerate(patterns):
+            if j not in chosen and not all(may_overlap[j][c] for c in chosen):
+                continue  # disjoint from a chosen pattern: excluded already
+            where = f"{sh.pointer}/patternProperties"
+            node = t.pattern_ir(pat, where, canonical=True)
+            key_parts.append(node if j in chosen else complement(node))
+        if not_declared is not None:
+            key_parts.append(not_declared)
+        key_parts += names
+        for witness in witnesses:
+            key_parts += _witness_key(t, witness, sh.pointer)
+            subs = subs + [witness.value]
+        value = t.value_rule(subs, sh.pointer + "/additionalProperties")
+        if value == NOTHING:
+            continue
+        key = seq(literal('"'), intersect(*key_parts), literal('"'))
+        out.append(seq(key, lay.colon, value))
     return alt(*out)
 
 
