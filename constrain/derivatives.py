@@ -41,8 +41,11 @@ ALL_BYTES = (1 << 256) - 1
 # How far a liveness search of an intersection/complement state may explore before giving up
 # (and treating the state as live: a wrong guess can only stall a walk, never admit a bad byte).
 LIVENESS_BUDGET = 4096
-# States explored to bound the completions inside an intersection (``ExprTable.clamp``).
-MAX_CLOSURE_STATES = 1024
+# States explored to bound the completions inside an intersection (``ExprTable.clamp``): a
+# pattern's counted words under a maxLength keep ~60 states a word.
+MAX_CLOSURE_STATES = 8192
+# Rounds of ``ExprTable._clamp_intersection``'s search for the counts that may go.
+MAX_CLAMP_ROUNDS = 4
 __all__ = ["DEFAULT_MAX_STATES", "ExprTable", "StateLimitError", "matches"]
 # The time and memory budgets are checked once per this many new expressions (and per new row).
 BUDGET_CHECK_EVERY = 256
@@ -383,10 +386,9 @@ class ExprTable:
         return out
 
     def _clamp_intersection(self, e: int, limit: int) -> int:
-        """U, ``e`` with its counts that no match of at most ``limit`` bytes reaches made
-        unbounded; ``e`` itself when one of them is below the reach of matches of ``limit + B``
-        bytes (B bounds the shortest completion of every state of U) or U has more than
-        MAX_CLOSURE_STATES states.
+        """U, ``e`` with the counts that no match of at most ``limit + B`` bytes reaches made
+        unbounded (B bounds the shortest completion of every state of U); ``e`` itself when U
+        has more than MAX_CLOSURE_STATES states or no count can go.
 
         Exact for a token t of at most ``limit`` bytes: U holds ``e``, and the two agree on the
         strings of at most ``limit + B`` bytes. If t leads somewhere live in U, a completion w of
@@ -394,22 +396,30 @@ class ExprTable:
         also the cheaper walk: an unbounded count loops where a bounded one makes a new state at
         every byte, and with the other side of the intersection, a product of them. (Counts inside
         a complement stay: unbounded, the complement's language would shrink, and U would no
-        longer hold ``e``.)
+        longer hold ``e``.) The counts that bind stay exact and the rest go (a ``pattern`` with
+        ``{0,99}`` words near its last word, under ``maxLength`` 5000): B depends on which stay,
+        so it is found again until no count that went is within its reach.
         """
         lifted: list[tuple[float, int]] = []  # (m, hi) of each count made unbounded
+        reach = 0  # the B the counts are lifted for (grows until U's own B is within it)
 
         def relax(m: float, lo: int, hi: int | None) -> tuple[int, int | None]:
-            if hi is None or hi <= _completed(limit, m):
+            if hi is None or hi <= _completed(limit, m) or hi < _completed(limit + reach, m):
                 return lo, hi
             lifted.append((m, hi))
             return lo, None
 
-        relaxed = self._recount(e, relax, {}, None)
-        assert relaxed is not None
-        bound = self._closure_bound(relaxed)
-        if bound < 0 or any(hi < _completed(limit + bound, m) for m, hi in lifted):
-            return e
-        return relaxed
+        for _ in range(MAX_CLAMP_ROUNDS):
+            lifted.clear()
+            relaxed = self._recount(e, relax, {}, None)
+            assert relaxed is not None
+            bound = self._closure_bound(relaxed)
+            if bound < 0 or relaxed == e:
+                return e
+            if all(hi >= _completed(limit + bound, m) for m, hi in lifted):
+                return relaxed
+            reach = bound  # (larger than the last: each lifted count was within the last reach)
+        return e
 
     def _recount(self, e: int, rule: Callable[[float, int, int | None], tuple[int, int | None] | None],
                  memo: dict[int, int | None], clamp_at: int | None) -> int | None:
@@ -451,7 +461,9 @@ class ExprTable:
 
     def _closure_bound(self, u: int) -> int:
         """The longest shortest completion (bytes) over the states ``u`` reaches, -1 if they are
-        more than MAX_CLOSURE_STATES; it bounds every state of the closure too, and is kept for them."""
+        more than MAX_CLOSURE_STATES; it bounds every state of the closure too, and is kept for them
+        (-1 for the states explored when they were too many: each one's closure is as likely too
+        large, and exploring it again at every new state is what the cap is there to stop)."""
         got = self._closure_bounds.get(u)
         if got is not None:
             return got
@@ -467,7 +479,8 @@ class ExprTable:
                 j = index.get(nxt)
                 if j is None:
                     if len(states) == MAX_CLOSURE_STATES:
-                        self._closure_bounds[u] = -1
+                        for s in states:
+                            self._closure_bounds.setdefault(s, -1)
                         return -1
                     j = index[nxt] = len(states)
                     states.append(nxt)

@@ -18,7 +18,8 @@ constexpr ByteSet ALL_BYTES = {~0ull, ~0ull, ~0ull, ~0ull};
 constexpr int64_t NO_CUT = int64_t(1) << 62;
 constexpr size_t LIVENESS_BUDGET = 4096;  // as constrain.derivatives
 constexpr size_t BUDGET_CHECK_EVERY = 256;
-constexpr size_t MAX_CLOSURE_STATES = 1024;  // as constrain.derivatives
+constexpr size_t MAX_CLOSURE_STATES = 8192;  // as constrain.derivatives
+constexpr int MAX_CLAMP_ROUNDS = 4;  // as constrain.derivatives
 constexpr size_t EXPR_BYTES = 400;  // the twin's accounting, so both hit the memory budget alike
 constexpr size_t ROW_BYTES = 256 * 4 + 2;
 constexpr size_t ENTRY_BYTES = 64;  // an entry of the clamp and closure caches
@@ -1057,21 +1058,29 @@ int32_t ExprCore::clamp(int32_t e, int64_t limit) {
 }
 
 int32_t ExprCore::clamp_intersection(int32_t e, int64_t limit) {
+    // The counts that bind stay, the rest go; B (the closure's bound) depends on which stay, so
+    // it is found again until no count that went is within its reach (ExprTable._clamp_intersection).
     std::vector<std::pair<double, int64_t>> lifted;  // (m, hi) of each count made unbounded
-    auto relax = [limit, &lifted](double m, int64_t&, int64_t& hi) {
-        if (hi > completed(limit, m)) {
+    int64_t reach = 0;
+    auto relax = [limit, &reach, &lifted](double m, int64_t&, int64_t& hi) {
+        if (hi > completed(limit, m) && hi >= completed(limit + reach, m)) {
             lifted.emplace_back(m, hi);
             hi = -1;
         }
         return true;
     };
-    std::unordered_map<int32_t, int32_t> memo;
-    const int32_t relaxed = recount(e, relax, memo, -1);
-    const int64_t bound = closure_bound(relaxed);
-    if (bound < 0) return e;
-    for (const auto& [m, hi] : lifted)
-        if (hi < completed(limit + bound, m)) return e;  // a count that the bound's strings tell apart
-    return relaxed;
+    for (int round = 0; round < MAX_CLAMP_ROUNDS; ++round) {
+        lifted.clear();
+        std::unordered_map<int32_t, int32_t> memo;
+        const int32_t relaxed = recount(e, relax, memo, -1);
+        const int64_t bound = closure_bound(relaxed);
+        if (bound < 0 || relaxed == e) return e;
+        bool within = true;
+        for (const auto& [m, hi] : lifted) within = within && hi >= completed(limit + bound, m);
+        if (within) return relaxed;
+        reach = bound;
+    }
+    return e;
 }
 
 template <class Rule>
@@ -1117,7 +1126,10 @@ int64_t ExprCore::closure_bound(int32_t u) {
             if (next == NOTHING) continue;
             const auto [at, fresh] = index.try_emplace(next, static_cast<int32_t>(states.size()));
             if (fresh) {
-                if (states.size() == MAX_CLOSURE_STATES) return closure_bound_[u] = -1;
+                if (states.size() == MAX_CLOSURE_STATES) {  // (the explored states too: see the twin)
+                    for (int32_t s : states) closure_bound_.emplace(s, -1);
+                    return -1;
+                }
                 states.push_back(next);
                 from.emplace_back();
             }

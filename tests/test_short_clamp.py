@@ -56,6 +56,8 @@ CASES = [
     # items of several bytes: a token starts fewer of their iterations
     ("regex", "(abc){2,40}d", {}),
     ("schema", {"type": "string", "pattern": "^([a-z]+ ){0,30}$", "maxLength": 300}, {}),
+    # a count that binds (the words) beside one that does not (the length)
+    ("schema", {"type": "string", "pattern": r"^(?:\S+\s+){0,20}\S+$", "maxLength": 3000}, {}),
 ]
 
 COMPILERS = {native: GrammarCompiler(native=native) for native in (True, False)}
@@ -230,3 +232,20 @@ def test_long_tokens_walked_once_far_from_the_count(schema: dict) -> None:
         assert np.array_equal(a.mask(state), exact(a, state)[0])
         state = a.next_state(state, letter)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_count_that_binds_stays_while_the_others_go(native: bool) -> None:
+    """JSONSchemaBench Github_easy/o21053: at most 100 words under a maxLength of 5000. Near the
+    last words their count binds within a long token while the length does not: the states with as
+    many words left share one walk whatever their length (before, none was clamped there, and the
+    walks of new lengths grew the table by ~10,000 expressions a token, past the memory budget)."""
+    vocab = smollm2()
+    schema = {"type": "string", "pattern": r"^(?:\S+\s+){0,40}\S+$", "maxLength": 5000}
+    a = GrammarCompiler(native=native).compile_json_schema(schema, vocab)._automaton
+    start = a.table.step_bytes(a.initial_state, b'"')
+    short, long = a.table.step_bytes(start, b"a " * 10), a.table.step_bytes(start, b"abc " * 10)
+    keys = {a.table.clamp(s, a.long_tokens.longest) for s in (short, long)}
+    assert len(keys) == 1 and short not in keys
+    for s in (short, long):
+        assert np.array_equal(a.mask(s), exact(a, s)[0])
