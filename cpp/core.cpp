@@ -74,6 +74,15 @@ public:
 
     RowTable rows() const { return current_; }
 
+    RowTable operator()(int32_t state) { return fill(state); }
+
+    // Whether a walk may leave a state without a row and `step` through it (the C++ table; a
+    // Python one gets every row filled).
+    bool steps() const { return core_ != nullptr; }
+
+    // The live state after `byte` from `state`, 0 if none: the entry its row would hold.
+    int32_t step(int32_t state, uint8_t byte) { return core_->step_bytes(state, &byte, 1); }
+
     RowTable fill(int32_t state) {
         if (core_ != nullptr) {
             core_->ensure_row(state);
@@ -146,7 +155,7 @@ nb::tuple transitions(const PackedTrie& trie, nb::handle table, int32_t start) {
     std::optional<constrain::WalkResult> result;
     {
         nb::gil_scoped_release release;
-        result.emplace(trie.walk(start, rows.rows(), [&](int32_t s) { return rows.fill(s); }));
+        result.emplace(trie.walk(start, rows.rows(), rows));
     }
     const size_t size = result->size;
     return nb::make_tuple(to_numpy(std::move(result->tokens), size), to_numpy(std::move(result->states), size));
@@ -158,7 +167,7 @@ IntArray mask(const PackedTrie& trie, nb::handle table, int32_t start, bool slic
     auto words = zeroed_words(trie);
     {
         nb::gil_scoped_release release;
-        trie.mask(start, rows.rows(), [&](int32_t s) { return rows.fill(s); }, words.get(), nullptr, slices);
+        trie.mask(start, rows.rows(), rows, words.get(), nullptr, slices);
     }
     return words_array(trie, std::move(words));
 }
@@ -170,7 +179,7 @@ nb::tuple head_mask(const PackedTrie& trie, nb::handle table, int32_t start, boo
     constrain::Ends ends;
     {
         nb::gil_scoped_release release;
-        trie.mask(start, rows.rows(), [&](int32_t s) { return rows.fill(s); }, words.get(), &ends, slices);
+        trie.mask(start, rows.rows(), rows, words.get(), &ends, slices);
     }
     return nb::make_tuple(words_array(trie, std::move(words)), to_numpy(std::move(ends.nodes)),
                           to_numpy(std::move(ends.states)));
@@ -193,7 +202,7 @@ IntArray mask_below(const PackedTrie& trie, nb::handle table, const Ids& nodes, 
     {
         nb::gil_scoped_release release;
         trie.mask_below(nodes.data(), parents.data(), nodes.shape(0), rows.rows(),
-                        [&](int32_t s) { return rows.fill(s); }, words.get());
+                        rows, words.get());
     }
     return words_array(trie, std::move(words));
 }

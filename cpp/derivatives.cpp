@@ -1073,8 +1073,9 @@ int32_t ExprCore::clamp_intersection(int32_t e, int64_t limit) {
         lifted.clear();
         std::unordered_map<int32_t, int32_t> memo;
         const int32_t relaxed = recount(e, relax, memo, -1);
+        if (relaxed == e) return e;
         const int64_t bound = closure_bound(relaxed);
-        if (bound < 0 || relaxed == e) return e;
+        if (bound < 0) return e;
         bool within = true;
         for (const auto& [m, hi] : lifted) within = within && hi >= completed(limit + bound, m);
         if (within) return relaxed;

@@ -120,7 +120,9 @@ public:
     const std::vector<TrieNode>& nodes() const { return nodes_; }
 
     // Every token allowed from `start` through `table`. `fill(state)` is called for a state whose
-    // row is missing, before the walk reads it, and returns the (possibly reallocated) table.
+    // row is missing, before the walk reads it, and returns the (possibly reallocated) table;
+    // where `fill.steps()`, a state may be left without one and `fill.step(state, byte)` gives
+    // the entry its row would hold (0: dead).
     // Thread-safe: the trie is immutable, a walk's state is local.
     template <class Fill>
     WalkResult walk(int32_t start, RowTable table, Fill&& fill) const;
@@ -142,6 +144,9 @@ public:
     static constexpr int MIN_SLICE_BYTES = 16;
     static constexpr int MAX_REGION_STATES = 16;
     static constexpr size_t MAX_SLICES = 16;
+    // A walk steps through a new state entered at a node with at most this many children rather
+    // than fill its row (see walk_range).
+    static constexpr int THIN_CHILDREN = 4;
 
     // Tokens allowed below each of `nodes` (each with its subtree), entered from the state
     // `parents[i]` at the node's parent, ORed into `words`. Nodes must not lie in each other's subtrees.
@@ -181,6 +186,15 @@ private:
     Through through_state(int32_t start, RowTable& table, Fill& fill, bool ends) const;
 
     Slice make_slice(const std::vector<int8_t>& next) const;
+
+    // Whether node p has at most THIN_CHILDREN children.
+    bool thin(size_t p) const {
+        const size_t end = p + nodes_[p].subtree_size();
+        int children = 0;
+        for (size_t q = p + 1; q < end; q += nodes_[q].subtree_size())
+            if (++children > THIN_CHILDREN) return false;
+        return true;
+    }
 
     // A visit that sets the bits of a node's tokens (none, one, or a duplicate group) in `words`.
     auto bit_setter(uint32_t* words) const {
@@ -223,7 +237,9 @@ void PackedTrie::walk_range(size_t p, size_t end, int32_t* stack, RowTable& tabl
         const uint32_t d = n.depth();
         const int32_t parent = stack[d - 1];
         if constexpr (Enter) enter(p, parent, table);
-        const int32_t next = table.rows[static_cast<size_t>(parent) * 256 + n.byte()];
+        const int32_t next = __builtin_expect(table.has_row(parent), 1)
+                                 ? table.rows[static_cast<size_t>(parent) * 256 + n.byte()]
+                                 : fill.step(parent, n.byte());  // a thin node's state: no row
         if (next == 0) {
             p += n.subtree_size();
             continue;
@@ -235,7 +251,10 @@ void PackedTrie::walk_range(size_t p, size_t end, int32_t* stack, RowTable& tabl
                 continue;
             }
             stack[d] = next;
-            if (__builtin_expect(!table.has_row(next), 0)) table = fill(next);
+            // A state entered at a node of few children (deep in a long token) is stepped byte by
+            // byte: its row would derive every byte class for the one or two that follow. (A walk
+            // that records crossings reads the rows' nullable flags: it fills them all.)
+            if (__builtin_expect(!table.has_row(next), 0) && (Enter || !fill.steps() || !thin(p))) table = fill(next);
         }
         ++p;
     }

@@ -280,3 +280,22 @@ def test_walks_from_many_threads_agree(real_vocab) -> None:
     assert int(automaton.table.row_done.sum()) > rows_before  # the walks did fill rows
     for state, got in zip(states * 4, results):
         assert got == by_token(*python_walk(automaton, state))
+
+
+def test_a_walk_steps_through_thin_nodes_without_rows() -> None:
+    """Deep in a long token a new state's row would derive every byte class for the one byte that
+    follows: the C++ walk steps through such states (their rows stay unfilled) and allows what the
+    rows of the Python table allow, token by token."""
+    from constrain.derivatives import ExprTable
+    from constrain.grammars import ir
+    from constrain.native_derivatives import NativeExprTable
+
+    words = ir.repeat(ir.seq(ir.repeat(ir.byte_set(b"ab"), 1, None), ir.literal(" ")), 0, 12)
+    node = ir.intersect(words, ir.repeat(ir.byte_set(b"ab "), 0, 70))  # (a product: a new state per byte)
+    tokens = [b"a", b"b", b" ", b"a" * 40, b"ab " * 10, b"ab " * 13, b"b" * 69 + b" ", b"b" * 70 + b" ", None]
+    trie = _core.PackedTrie(tokens)
+    native, twin = NativeExprTable(ir.Grammar.of(node)), ExprTable(ir.Grammar.of(node))
+    got, want = trie.mask(native, native.start), trie.mask(twin, twin.start)
+    assert np.array_equal(got, want)
+    assert np.nonzero(np.unpackbits(got.view(np.uint8), bitorder="little"))[0].tolist() == [0, 1, 3, 4, 6]
+    assert int(native.row_done.sum()) < 10 < int(twin.row_done.sum())
