@@ -17,6 +17,7 @@ namespace {
 constexpr ByteSet ALL_BYTES = {~0ull, ~0ull, ~0ull, ~0ull};
 constexpr int64_t NO_CUT = int64_t(1) << 62;
 constexpr size_t LIVENESS_BUDGET = 4096;  // as constrain.derivatives
+constexpr size_t MAX_WITNESS_BYTES = 64;  // as constrain.derivatives
 constexpr size_t BUDGET_CHECK_EVERY = 256;
 constexpr size_t MAX_CLOSURE_STATES = 8192;  // as constrain.derivatives
 constexpr int MAX_CLAMP_ROUNDS = 4;  // as constrain.derivatives
@@ -998,7 +999,7 @@ bool ExprCore::is_live(int32_t e) {
                 break;
             }
             case K_FRAME: live = is_live(static_cast<int32_t>(args(e)[0])); break;
-            default: live = search_live(e);
+            default: live = witness_live(e) || search_live(e);
         }
     }
     live_[e] = live;
@@ -1009,6 +1010,55 @@ bool ExprCore::is_live(int32_t e) {
 // (breadth first expands every byte class up to the nearest acceptance's depth: aerleon's hostname
 // pattern, 31k new expressions in one head walk, 23k this way). Every state on the path to a live
 // one is live; when everything reachable was explored, all of it is dead.
+// Life proven by the shortest string of a plain member (no intersection or complement inside:
+// its shortest completion is exact by structure) that every member accepts: a derivative per byte
+// of each member, where the search derives every byte class of the intersection itself
+// (ExprTable._witness_live).
+bool ExprCore::witness_live(int32_t e) {
+    if (kind(e) != K_AND) return false;
+    const std::vector<int32_t> all = members(e);
+    std::vector<uint8_t> witness;
+    for (int32_t plain : all) {
+        if (exprs_[plain].boolean || !shortest_string(plain, witness)) continue;
+        bool accepted = true;
+        for (int32_t m : all) {
+            if (m == plain) continue;
+            int32_t s = m;
+            for (size_t i = 0; i < witness.size() && s != NOTHING; ++i) s = derive(s, witness[i]);
+            if (s == NOTHING || !nullable(s)) {
+                accepted = false;
+                break;
+            }
+        }
+        if (accepted) return true;
+    }
+    return false;
+}
+
+// A shortest string of the plain expression e (the lowest byte of each class), at most
+// MAX_WITNESS_BYTES long; false past that or where the structure's length is not exact.
+bool ExprCore::shortest_string(int32_t e, std::vector<uint8_t>& out) {
+    out.clear();
+    int32_t s = e;
+    while (!nullable(s)) {
+        const double left = min_completion(s);
+        if (out.size() == MAX_WITNESS_BYTES || left == INF) return false;
+        bool stepped = false;
+        for (const ByteSet& part : byte_classes(s)) {
+            const int b = lowest(part);
+            const int32_t n = derive(s, b);
+            if (n != NOTHING && min_completion(n) == left - 1) {
+                out.push_back(static_cast<uint8_t>(b));
+                s = n;
+                stepped = true;
+                break;
+            }
+        }
+        if (!stepped) return false;
+    }
+    return true;
+}
+
 bool ExprCore::search_live(int32_t e) {
     using Item = std::tuple<double, int64_t, int32_t>;  // (depth + bound, -depth, state)
     std::priority_queue<Item, std::vector<Item>, std::greater<Item>> heap;

@@ -182,6 +182,8 @@ private:
     template <bool Exact>
     double structural_min(int32_t e);
     bool search_live(int32_t e);
+    bool witness_live(int32_t e);  // life proven by a member's shortest string
+    bool shortest_string(int32_t e, std::vector<uint8_t>& out);
     // Exact clamping inside an intersection (constrain/derivatives.py, ExprTable.clamp).
     int32_t clamp_intersection(int32_t e, int64_t limit);
     // e with each repetition's counts by rule(m, lo, hi) (false: give up, -1 returned), each
