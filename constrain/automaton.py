@@ -241,10 +241,11 @@ class TokenAutomaton:
         walked = heads.get_or_make(key, lambda: walker.head(head))
         first = table.first_bytes(tail)
         nodes, group = heads.get_or_make((*key, first), lambda: walker.crossings(walked, first))
-        # The head's states at the crossing nodes' parents, in this grammar's table (a shared walk
-        # may come from another grammar).
-        starts = self._head_states.get_or_make(key, lambda: [table.derive_bytes(head, path) for path in walked.paths])
         if len(nodes):
+            # The head's states at the crossing nodes' parents, in this grammar's table (a shared
+            # walk may come from another grammar).
+            starts = self._head_states.get_or_make(
+                key, lambda: [table.derive_bytes(head, path) for path in walked.paths])
             parents = np.array([table.seq(h, tail) for h in starts], dtype=np.int32)
             words = walked.inside | walker.below(nodes, parents[group])
         else:

@@ -35,6 +35,8 @@ def is_growing(value: object) -> TypeGuard[Growing]:
 
 def nbytes_of(value: object) -> int:
     """Rough memory of a cached value: numpy arrays, bytes and the containers holding them."""
+    if type(value) is int:  # (the states lists hold: first, as the commonest and cheapest)
+        return ENTRY_BYTES // 4
     if is_growing(value):
         return value.estimated_bytes()
     if isinstance(value, np.ndarray):

@@ -49,6 +49,10 @@ class HeadWalk:
     paths: list[bytes]  # per head state: bytes that lead the head to it
 
 
+NO_NODES = np.zeros(0, dtype=np.int32)
+NO_NODES.flags.writeable = False
+
+
 def pack_tokens(tokens: np.ndarray, n_words: int) -> np.ndarray:
     """Mask words (int32) with the bits of ``tokens`` set."""
     allowed = np.zeros(n_words * 32, dtype=bool)
@@ -99,6 +103,8 @@ class NativeWalker:
     def head(self, head: int) -> HeadWalk:
         with self.table.work():
             words, nodes, states = self.packed.head_mask(self.table, head)
+        if not len(nodes):  # (a key's literal: no token crosses into what follows)
+            return HeadWalk(self._fit(words), NO_NODES, NO_NODES, [])
         group, one = _grouped(states)
         paths = [self.packed.path(int(nodes[i]))[:-1] for i in one]
         return HeadWalk(self._fit(words), np.array(nodes), group, paths)  # (a plain copy, as ``_fit``)
