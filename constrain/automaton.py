@@ -200,19 +200,35 @@ class TokenAutomaton:
         if members is None or len(members) > MAX_UNION_MEMBERS or not any(
                 [self.table.is_framed(m) for m in members]):
             return None
-        out = None
+        out = np.zeros(self.n_words, dtype=np.int32)
         for m in members:
-            # Members are rarely met again (they differ in what comes after): not cached.
+            # Members are rarely met again (they differ in what comes after): not cached. A split
+            # member's shared words are ORed in as they are (no copy, no stop tokens of its own:
+            # the union may end exactly where a member may).
             got = self._masks.get(m)
             if got is None:
-                got = self._split_mask(m)
-            if got is None:
+                parts = self._split_parts(m)
+                if parts is not None:
+                    for words in parts:
+                        np.bitwise_or(out, words, out=out)
+                    continue
                 got = self.mask(m)
-            out = got.copy() if out is None else np.bitwise_or(out, got, out=out)
-        return out
+            np.bitwise_or(out, got, out=out)
+        return self._with_stops(out, self.is_accepting(state))
 
     def _split_mask(self, state: int) -> np.ndarray | None:
-        """Mask of ``head tail`` from a walk of ``head`` that is shared by every tail.
+        """Mask of ``head tail`` from a walk of ``head`` that is shared by every tail (see
+        ``_split_parts``); None where it does not split."""
+        parts = self._split_parts(state)
+        if parts is None:
+            return None
+        words = parts[0] | parts[1] if len(parts) > 1 else parts[0].copy()
+        return self._with_stops(words, self.is_accepting(state))
+
+    def _split_parts(self, state: int) -> tuple[np.ndarray, ...] | None:
+        """The words of ``head tail`` from a walk of ``head`` that is shared by every tail: the
+        head walk's (shared: not to be changed) and, where tokens cross into the tail, those; stop
+        tokens apart. None where the state does not split.
 
         One walk of the head alone serves every state with the same head (every property of
         type string, every nesting depth of a recursive grammar): the tokens it allows are
@@ -241,16 +257,13 @@ class TokenAutomaton:
         walked = heads.get_or_make(key, lambda: walker.head(head))
         first = table.first_bytes(tail)
         nodes, group = heads.get_or_make((*key, first), lambda: walker.crossings(walked, first))
-        if len(nodes):
-            # The head's states at the crossing nodes' parents, in this grammar's table (a shared
-            # walk may come from another grammar).
-            starts = self._head_states.get_or_make(
-                key, lambda: [table.derive_bytes(head, path) for path in walked.paths])
-            parents = np.array([table.seq(h, tail) for h in starts], dtype=np.int32)
-            words = walked.inside | walker.below(nodes, parents[group])
-        else:
-            words = walked.inside.copy()
-        return self._with_stops(words, self.is_accepting(state))
+        if not len(nodes):
+            return (walked.inside,)
+        # The head's states at the crossing nodes' parents, in this grammar's table (a shared walk
+        # may come from another grammar).
+        starts = self._head_states.get_or_make(key, lambda: [table.derive_bytes(head, path) for path in walked.paths])
+        parents = np.array([table.seq(h, tail) for h in starts], dtype=np.int32)
+        return walked.inside, walker.below(nodes, parents[group])
 
     def transitions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         """Every allowed non-stop token of ``state`` and the state each one leads to."""
