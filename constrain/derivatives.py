@@ -1033,7 +1033,7 @@ class ExprTable:
                 continue
             witness = self._shortest_string(plain)
             if witness is not None and all(
-                    [m == plain or self.nullable(self._d_bytes(m, witness)) for m in members]):
+                    m == plain or self.nullable(self.derive_bytes(m, witness)) for m in members):
                 return True
         return False
 
@@ -1056,14 +1056,6 @@ class ExprTable:
             else:
                 return None
         return bytes(out)
-
-    def _d_bytes(self, e: int, data: bytes) -> int:
-        """``e`` derived by each byte of ``data`` in turn (NOTHING once it dies; no liveness)."""
-        for b in data:
-            if e == NOTHING:
-                break
-            e = self._d(e, b)
-        return e
 
     def _search_live(self, e: int) -> bool:
         """Best-first (A*) search from an intersection/complement state for acceptance, guided by

@@ -1006,10 +1006,6 @@ bool ExprCore::is_live(int32_t e) {
     return live;
 }
 
-// Best-first (A*) search from an intersection/complement state for acceptance, guided by min_bound
-// (breadth first expands every byte class up to the nearest acceptance's depth: aerleon's hostname
-// pattern, 31k new expressions in one head walk, 23k this way). Every state on the path to a live
-// one is live; when everything reachable was explored, all of it is dead.
 // Life proven by the shortest string of a plain member (no intersection or complement inside:
 // its shortest completion is exact by structure) that every member accepts: a derivative per byte
 // of each member, where the search derives every byte class of the intersection itself
@@ -1021,15 +1017,11 @@ bool ExprCore::witness_live(int32_t e) {
     for (int32_t plain : all) {
         if (exprs_[plain].boolean || !shortest_string(plain, witness)) continue;
         bool accepted = true;
-        for (int32_t m : all) {
-            if (m == plain) continue;
-            int32_t s = m;
-            for (size_t i = 0; i < witness.size() && s != NOTHING; ++i) s = derive(s, witness[i]);
-            if (s == NOTHING || !nullable(s)) {
+        for (int32_t m : all)
+            if (m != plain && !nullable(derive_bytes(m, witness.data(), witness.size()))) {
                 accepted = false;
                 break;
             }
-        }
         if (accepted) return true;
     }
     return false;
@@ -1059,6 +1051,10 @@ bool ExprCore::shortest_string(int32_t e, std::vector<uint8_t>& out) {
     return true;
 }
 
+// Best-first (A*) search from an intersection/complement state for acceptance, guided by min_bound
+// (breadth first expands every byte class up to the nearest acceptance's depth: aerleon's hostname
+// pattern, 31k new expressions in one head walk, 23k this way). Every state on the path to a live
+// one is live; when everything reachable was explored, all of it is dead.
 bool ExprCore::search_live(int32_t e) {
     using Item = std::tuple<double, int64_t, int32_t>;  // (depth + bound, -depth, state)
     std::priority_queue<Item, std::vector<Item>, std::greater<Item>> heap;
