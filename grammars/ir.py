@@ -215,7 +215,7 @@ def byte_set(values: Iterable[int] | bytes | range) -> Node:
 _BYTE: tuple[Node, ...] = tuple(Bytes(1 << b) for b in range(256))
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=4096)
 def literal(text: bytes | str) -> Node:
     """Exactly ``text`` (a ``str`` is encoded as UTF-8); nodes are immutable, so shared."""
     data = text.encode("utf-8") if isinstance(text, str) else text

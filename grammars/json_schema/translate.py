@@ -54,6 +54,7 @@ from constrain.grammars.json_schema.numbers import (
     multiple_of_rules,
     number_ir,
 )
+from constrain.grammars.json_schema.oracle import ValidityOracle
 from constrain.grammars.json_schema.shapes import Shape
 
 __all__ = ["Options", "Translator"]
@@ -77,11 +78,6 @@ class Options:
 
 
 _WS_BYTES = byte_set(b" \t\n\r")
-# Keywords that assert nothing: a schema made only of these accepts every value.
-_ANNOTATIONS = frozenset({
-    "title", "description", "default", "examples", "example", "$comment", "deprecated", "readOnly", "writeOnly",
-    "$schema", "$id", "id", "$anchor", "$defs", "definitions", "contentMediaType", "contentEncoding",
-})
 _EXPONENT_FREE = seq(optional(MINUS), NATURAL, optional(FRACTION))
 # With indent, how deep values may nest (rules are made per depth).
 MAX_INDENT_DEPTH = 48
@@ -92,37 +88,7 @@ def _exact(bound: Bound | None) -> tuple[str, bool] | None:
     return None if bound is None else (str(bound.value), bound.inclusive)
 
 
-_TYPE_NAMES = frozenset({"null", "boolean", "object", "array", "string", "number", "integer"})
-
-
-def _type_says(value: Any, type_: Any) -> bool | None:
-    """Whether JSON ``value`` satisfies ``{"type": type_}``, where every draft agrees (None where
-    they differ, an integral float against "integer", or for a malformed ``type``)."""
-    names = [type_] if isinstance(type_, str) else type_
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n in _TYPE_NAMES for n in names):
-        return None
-    if isinstance(value, bool):
-        kind = "boolean"
-    elif value is None:
-        kind = "null"
-    elif isinstance(value, str):
-        kind = "string"
-    elif isinstance(value, list):
-        kind = "array"
-    elif isinstance(value, dict):
-        kind = "object"
-    elif isinstance(value, int):
-        return "integer" in names or "number" in names
-    elif isinstance(value, float):
-        if "number" in names:
-            return True
-        return None if value.is_integer() and "integer" in names else False
-    else:
-        return None
-    return kind in names
-
-
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=4096)
 def _key_body_literal(key: str) -> Node:
     """``Translator.key_body_literal``, shared: every object that excludes its declared keys from
     additional ones spells them again, and a node made once is hashed once."""
@@ -138,14 +104,12 @@ class Translator:
         self.options = options
         self.doc = Document(root, options.remote_schemas)
         self.sink = RuleSink()
-        self.notes: list[str] = []
+        self.notes: dict[str, None] = {}  # an ordered set: the normalizer adds to it too (no cycle back here)
         self._unsat: dict[str, str] = {}
         self._names: dict[tuple, str] = {}
         self._queue: deque[tuple[str, list[Sub], str, int]] = deque()
-        self._validators: dict[str, Any] = {}
-        self._stripped: dict[int, dict] = {}
         self.norm = Normalizer(self.doc, oneof_as_anyof=options.oneof_as_anyof, lenient=options.lenient,
-                               note=self.note, valid=self.valid)
+                               note=self.notes.setdefault, valid=ValidityOracle(self.doc, options.format_mode).valid)
         if options.whitespace == "flexible":
             ws: Node = repeat(_WS_BYTES, 0, max(options.max_whitespace, 0))
         elif options.whitespace == "compact":
@@ -172,8 +136,7 @@ class Translator:
         return got
 
     def note(self, text: str) -> None:
-        if text not in self.notes:
-            self.notes.append(text)
+        self.notes.setdefault(text)
 
     def unsat(self, reason: str, pointer: str) -> None:
         self._unsat.setdefault(pointer, reason)
@@ -233,69 +196,6 @@ class Translator:
 
             grammar = Grammar(bound_recursion(rules, self.options.max_recursion_depth), "start", grammar.notes)
         return grammar
-
-    # ------------------------------------------------------------------ validation oracle
-
-    def valid(self, value: Any, sub: Sub, strip_enum: bool = False) -> bool | None:
-        """Whether ``value`` satisfies ``sub`` per the ``jsonschema`` package (None: cannot tell).
-
-        ``strip_enum``: the caller has checked ``enum``/``const`` already (they are slow to recheck).
-        """
-        if sub.schema is True:
-            return True
-        if sub.schema is False:
-            return False
-        schema = sub.schema
-        if strip_enum and ("enum" in schema or "const" in schema):
-            stripped = self._stripped.get(id(schema))
-            if stripped is None:
-                stripped = self._stripped[id(schema)] = {k: v for k, v in schema.items() if k not in ("enum", "const")}
-            schema = stripped
-            if not schema.keys() - _ANNOTATIONS:
-                return True
-        if isinstance(schema, dict) and "type" in schema and not schema.keys() - _ANNOTATIONS - {"type"}:
-            verdict = _type_says(value, schema["type"])
-            if verdict is not None:  # the usual enum + type: no validator needed
-                return verdict
-        try:
-            validator = self._validator()
-            check = validator.evolve(schema=schema)
-            return not any(True for _ in check.iter_errors(value))
-        except Exception:  # unresolvable reference, unknown dialect, recursion...
-            return None
-
-    def _validator(self) -> Any:
-        v = self._validators.get("root")
-        if v is None:
-            import jsonschema
-
-            root = self.doc.root
-            cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
-            checker = cls.FORMAT_CHECKER if self.options.format_mode == "enforce" else None
-            try:
-                from referencing import Registry, Resource
-                from referencing.jsonschema import DRAFT202012, specification_with
-            except ImportError:  # jsonschema < 4.18 resolves local references by itself
-                v = cls(root, format_checker=checker)
-            else:
-                spec = specification_with(cls.META_SCHEMA.get("$schema", ""), default=DRAFT202012)
-                resource = spec.create_resource(root)
-                doc = self.doc
-
-                def retrieve(uri: str) -> Any:
-                    contents = doc.remote_contents(uri)
-                    if contents is None:
-                        raise LookupError(f"no remote schema {uri!r}")  # the registry reports it unretrievable
-                    return Resource.from_contents(contents, default_specification=spec)
-
-                # referencing's own attrs wrapper hides the class's keywords from mypy
-                registry = Registry(retrieve=retrieve).with_resources(  # type: ignore[call-arg]
-                    [(self.doc.root_sub.base, resource), ("", resource)])
-                v = cls(root, registry=registry, format_checker=checker)
-                if self.doc.root_sub.base != "":
-                    v = v.evolve(_resolver=registry.resolver(base_uri=self.doc.root_sub.base))
-            self._validators["root"] = v
-        return v
 
     # ------------------------------------------------------------------ shapes
 
