@@ -9,6 +9,7 @@ a ``[``, ``{`` or key is always consumed before a nested value).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
@@ -95,6 +96,30 @@ def _key_body_literal(key: str) -> Node:
     lit = string_literal(key)
     return Seq(lit.items[1:-1]) if isinstance(lit, Seq) and len(lit.items) > 3 else (
         lit.items[1] if isinstance(lit, Seq) and len(lit.items) == 3 else EMPTY)
+
+
+def _any_body(lay: Layout, child: str, leaf: bool, surely_nonempty: Callable[[Node], bool]) -> Node:
+    """The body of a rule of any JSON value whose members and items are rule ``child`` (``leaf``:
+    containers only empty)."""
+    chars = repeat(ref("json-char"))
+    scalars = [literal("null"), literal("true"), literal("false"), ANY_NUMBER, seq(literal('"'), chars, literal('"'))]
+    if leaf:
+        return alt(*scalars, literal("[]"), literal("{}"))
+    member = seq(literal('"'), chars, literal('"'), lay.colon, ref(child))
+    return alt(
+        *scalars,
+        lay.container("[", optional(seq(ref(child), repeat(seq(lay.comma, ref(child))))), "]", surely_nonempty),
+        lay.container("{", optional(seq(member, repeat(seq(lay.comma, member)))), "}", surely_nonempty),
+    )
+
+
+@lru_cache(maxsize=16)
+def _compact_any_body(ws: Node) -> Node:
+    """Rule ``any``'s body without indent, one per whitespace option and shared by every grammar:
+    most schemas have one (an open object's additional values), and building it anew and walking a
+    fresh copy in the length analysis was a fifth of a small schema's front end. (Containers
+    without indent ask nothing of ``surely_nonempty``.)"""
+    return _any_body(Layout.at(ws, None, 0), "any", False, lambda node: False)
 
 
 class Translator:
@@ -360,19 +385,12 @@ class Translator:
             return ref(name)
         sink = self.sink
         sink.define(name, NOTHING, value=True)  # a placeholder while its members refer to it
+        sink.shared("json-char", ANY_JSON_CHAR)  # (the bodies' strings refer to it)
         lay = self.layout_at(depth)
-        chars = repeat(sink.shared("json-char", ANY_JSON_CHAR))
-        scalars = [literal("null"), literal("true"), literal("false"), ANY_NUMBER, seq(literal('"'), chars, literal('"'))]
-        if lay.indent is not None and depth == MAX_INDENT_DEPTH:
-            sink.define(name, alt(*scalars, literal("[]"), literal("{}")))
+        if lay.indent is None:
+            sink.define(name, _compact_any_body(lay.ws))
         else:
-            member = seq(literal('"'), chars, literal('"'), lay.colon, ref(child))
-            sink.define(name, alt(
-                *scalars,
-                lay.container("[", optional(seq(ref(child), repeat(seq(lay.comma, ref(child))))), "]",
-                              sink.surely_nonempty),
-                lay.container("{", optional(seq(member, repeat(seq(lay.comma, member)))), "}", sink.surely_nonempty),
-            ))
+            sink.define(name, _any_body(lay, child, depth == MAX_INDENT_DEPTH, sink.surely_nonempty))
         if lay.indent is not None:
             self.any_value(depth + 1)
         return ref(name)
