@@ -93,7 +93,7 @@ def test_a_translation_leaves_no_cycles_for_the_collector() -> None:
 
 def test_grammars_share_the_body_of_any_value() -> None:
     """Built once per whitespace option, not per compile (building it and walking a fresh copy in
-    the length analysis was a fifth of a small schema's front end)."""
+    the length analysis cost ~13% of a small schema's front end)."""
     one, two = json_schema_to_grammar({"type": "object"}), json_schema_to_grammar({"items": {"x-note": 1}})
     assert one.rules["any"] is two.rules["any"]
     flexible = json_schema_to_grammar({"type": "object"}, whitespace="flexible")

@@ -117,7 +117,7 @@ def _any_body(lay: Layout, child: str, leaf: bool, surely_nonempty: Callable[[No
 def _compact_any_body(ws: Node) -> Node:
     """Rule ``any``'s body without indent, one per whitespace option and shared by every grammar:
     most schemas have one (an open object's additional values), and building it anew and walking a
-    fresh copy in the length analysis was a fifth of a small schema's front end. (Containers
+    fresh copy in the length analysis cost ~13% of a small schema's front end. (Containers
     without indent ask nothing of ``surely_nonempty``.)"""
     return _any_body(Layout.at(ws, None, 0), "any", False, lambda node: False)
 
