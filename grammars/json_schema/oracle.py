@@ -55,7 +55,7 @@ class ValidityOracle:
     def __init__(self, doc: Document, format_mode: Literal["enforce", "annotation"]) -> None:
         self.doc = doc
         self.format_mode = format_mode
-        self._validators: dict[str, Any] = {}
+        self._root: Any = None  # the document's validator, made on first use
         self._stripped: dict[int, dict] = {}
 
     def valid(self, value: Any, sub: Sub, strip_enum: bool = False) -> bool | None:
@@ -87,7 +87,7 @@ class ValidityOracle:
             return None
 
     def _validator(self) -> Any:
-        v = self._validators.get("root")
+        v = self._root
         if v is None:
             import jsonschema
 
@@ -116,5 +116,5 @@ class ValidityOracle:
                 v = cls(root, registry=registry, format_checker=checker)
                 if self.doc.root_sub.base != "":
                     v = v.evolve(_resolver=registry.resolver(base_uri=self.doc.root_sub.base))
-            self._validators["root"] = v
+            self._root = v
         return v
