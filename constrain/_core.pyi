@@ -6,6 +6,9 @@ import numpy as np
 
 from constrain.walkers import RowSource
 
+def write_row(address: int, width: int, words: np.ndarray) -> None:
+    """Copy ``words`` into the ``width`` int32 words at ``address`` (a checked CPU tensor row), zeros after them."""
+
 class Slice:
     """A region's slice of a vocabulary (``PackedTrie.slice``)."""
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from constrain.arguments import check_index, check_instance, check_int
 from constrain.automaton import TokenAutomaton
-from constrain.bitmask import bitmask_row
+from constrain.bitmask import write_row
 
 if TYPE_CHECKING:
     import torch
@@ -113,7 +113,6 @@ class Matcher:
         token for the rest, which byte-level vocabularies (all 256 single-byte tokens) guarantee.
         """
         automaton = self._automaton
-        row = bitmask_row(bitmask, index, automaton.n_words)
         if tokens_left is not None and (type(tokens_left) is not int or tokens_left < 0):
             if check_int(tokens_left, "Matcher.fill_next_token_bitmask(tokens_left)") < 0:
                 raise ValueError(f"Matcher.fill_next_token_bitmask(tokens_left)={tokens_left} must be >= 0")
@@ -124,15 +123,7 @@ class Matcher:
             words = automaton.budget_mask(s, close_bytes(tokens_left))
         else:
             words = automaton.mask(s)
-        n = len(words)
-        if isinstance(row, np.ndarray):
-            row[:n] = words
-            row[n:] = 0
-        else:
-            import torch  # (imported already: the row is a tensor)
-
-            row[:n].copy_(torch.from_numpy(words))
-            row[n:].zero_()
+        write_row(bitmask, index, words)
 
     def allowed_token_ids(self) -> np.ndarray:
         """The allowed next token ids (debugging and tests; engines use the bitmask)."""

@@ -27,6 +27,7 @@ using constrain::ExprCore;
 namespace {
 
 using Rows = nb::ndarray<const int32_t, nb::shape<-1, 256>, nb::c_contig, nb::device::cpu>;
+using Words = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Flags = nb::ndarray<const bool, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Ids = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using IntArray = nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>;
@@ -622,6 +623,14 @@ void bind_expr_core(nb::module_& m) {
 
 NB_MODULE(_core, m) {
     bind_expr_core(m);
+    m.def("write_row", [](uintptr_t address, size_t width, const Words& words) {
+        const size_t n = std::min(width, words.shape(0));
+        auto* row = reinterpret_cast<int32_t*>(address);
+        std::memcpy(row, words.data(), n * sizeof(int32_t));
+        std::memset(row + n, 0, (width - n) * sizeof(int32_t));
+    }, "address"_a, "width"_a, "words"_a.noconvert(),
+          "Copy ``words`` into the ``width`` int32 words at ``address`` (a CPU tensor's row: the caller checked it), "
+          "zeros after them.");
     m.doc() = "The token automaton's hot path in C++ (the Python automaton is its reference twin).";
     nb::class_<Slice>(m, "Slice",
                       "A region's slice of a vocabulary (``PackedTrie.slice``): the tokens whose bytes keep to the "

@@ -56,6 +56,30 @@ def test_numpy_int32_bitmask_is_filled_like_a_tensor(matcher) -> None:
     assert (array[0] == -1).all()  # the other row untouched
 
 
+@pytest.mark.parametrize("layout", ["columns of a wider tensor", "transposed", "rows of a wider tensor"])
+def test_tensor_views_are_filled_like_a_contiguous_tensor(matcher, layout) -> None:
+    """A CPU tensor's row is written through its address: a view's offset and row stride must be
+    honoured, and a view whose words are not adjacent must not be written as if they were."""
+    base = torch.full((3, 20), -1, dtype=torch.int32)
+    if layout == "columns of a wider tensor":
+        view = base[:, 4:14]
+    elif layout == "transposed":
+        base = torch.full((10, 3), -1, dtype=torch.int32)
+        view = base.t()
+    else:
+        view = base[1:, :]
+    before = base.clone()
+    expected = np.full((view.shape[0], view.shape[1]), -1, dtype=np.int32)
+    matcher.fill_next_token_bitmask(expected, 1)
+    matcher.fill_next_token_bitmask(view, 1)
+    assert np.array_equal(view.numpy(), expected)
+    outside = torch.ones_like(base, dtype=torch.bool)
+    outside_view = outside[:, 4:14] if layout == "columns of a wider tensor" else (
+        outside.t() if layout == "transposed" else outside[1:, :])
+    outside_view[1] = False
+    assert torch.equal(base[outside], before[outside])  # nothing written outside the row
+
+
 def test_numpy_bitmask_of_another_dtype(matcher) -> None:
     with pytest.raises(TypeError, match="bitmask must have dtype int32.*float64"):
         matcher.fill_next_token_bitmask(np.zeros((1, 9)), 0)
