@@ -164,14 +164,15 @@ std::vector<int32_t> PackedTrie::outermost(const int32_t* nodes, size_t count, c
 }
 
 std::string PackedTrie::path(uint32_t node) const {
+    // Down from the root: at each level, jump over the children whose subtrees end before `node`
+    // (at most 256 a level; a scan back to the parent crossed every earlier sibling's subtree).
     std::string out;
-    // A node's parent is the nearest node before it one level up (depth-first order).
-    for (size_t p = node; p > 0;) {
-        const uint32_t d = nodes_[p].depth();
-        out.push_back(static_cast<char>(nodes_[p].byte()));
-        while (nodes_[p].depth() >= d) --p;
+    for (size_t p = 0; p != node;) {
+        size_t c = p + 1;
+        while (c + nodes_[c].subtree_size() <= node) c += nodes_[c].subtree_size();
+        out.push_back(static_cast<char>(nodes_[c].byte()));
+        p = c;
     }
-    std::reverse(out.begin(), out.end());
     return out;
 }
 

@@ -82,14 +82,16 @@ def prefixes(token_bytes: list[bytes | None]) -> list[bytes]:
 @given(st.lists(st.one_of(st.none(), st.binary(min_size=1, max_size=5).map(lambda b: bytes(c % 3 + 97 for c in b))),
                 max_size=40))
 def test_packed_nodes_are_the_depth_first_trie(token_bytes) -> None:
-    """Node i is the i-th prefix in byte order; its depth, subtree size and token say so too."""
+    """Node i is the i-th prefix in byte order; its depth, subtree size, token and path say so too."""
     trie = _core.PackedTrie(token_bytes)
     nodes = trie.nodes()
     paths = prefixes(token_bytes)
     assert trie.node_count == len(nodes) == len(paths) + 1
     assert trie.token_count == sum(1 for t in token_bytes if t)
     assert nodes[0, 1] >> 8 == len(nodes) and nodes[0, 1] & 0xFF == 0
-    for path, (token_byte, size_depth) in zip(paths, nodes[1:].tolist()):
+    assert trie.path(0) == b""
+    for node, (path, (token_byte, size_depth)) in enumerate(zip(paths, nodes[1:].tolist()), start=1):
+        assert trie.path(node) == path
         assert token_byte & 0xFF == path[-1]
         assert size_depth & 0xFF == len(path)
         assert size_depth >> 8 == sum(p.startswith(path) for p in paths)
