@@ -62,7 +62,8 @@ def write_row(bitmask: torch.Tensor | np.ndarray, index: int, words: np.ndarray)
         if bitmask.dtype is not torch_.int32:
             raise TypeError(f"bitmask must have dtype torch.int32 (see allocate_token_bitmask), got {bitmask.dtype}")
         shape = bitmask.shape
-        index = _row_index(shape, index, n)
+        if len(shape) != 2 or shape[1] < n or type(index) is not int or not 0 <= index < shape[0]:
+            index = _row_index(shape, index, n)  # (the call only where a check fails or converts)
         if not bitmask.is_cpu:
             device_row = bitmask[index]
             device_row[:n].copy_(torch_.from_numpy(words))
