@@ -7,7 +7,6 @@ grammar), so two contexts never share memory or ids and ``clear()`` really frees
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -16,7 +15,6 @@ from typing import Any, Protocol, TypeGuard, TypeVar, runtime_checkable
 import numpy as np
 
 V = TypeVar("V")
-_SERIALS = itertools.count()
 
 # Python's own cost of a small container entry (key, pointers, object header), roughly.
 ENTRY_BYTES = 100
@@ -49,9 +47,7 @@ def nbytes_of(value: object) -> int:
         return ENTRY_BYTES + sum(nbytes_of(v) + 8 for v in value)
     if isinstance(value, dict):
         return ENTRY_BYTES + sum(nbytes_of(v) + ENTRY_BYTES for v in value.values())
-    if dataclasses.is_dataclass(value):  # (with slots, too: no ``vars``)
-        return ENTRY_BYTES + sum(nbytes_of(getattr(value, f.name)) for f in dataclasses.fields(value))
-    if hasattr(value, "__dict__"):
+    if dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
         return ENTRY_BYTES + sum(nbytes_of(v) for v in vars(value).values())
     return ENTRY_BYTES // 4
 
@@ -162,16 +158,13 @@ class Signatures:
     """Ids of expression structures, equal across the grammars that share this table.
 
     Grammars compiled by one context share walks keyed by these ids. Keys holding ids also hold
-    the table's ``serial`` (unique in the process), so ids of different tables (another context,
-    or this one after ``clear()``) can never be confused. (A serial rather than the table itself:
-    a key of strings and ints is left alone by the garbage collector, whose full collections
-    walked every cached walk's key.)
+    the table, so ids of different tables (another context, or this one after ``clear()``) can
+    never be confused.
     """
 
     def __init__(self) -> None:
         self._ids: dict[tuple[Any, ...], int] = {}
         self._lock = threading.Lock()
-        self.serial = next(_SERIALS)
 
     def intern(self, key: tuple[Any, ...]) -> int:
         """The id of structure ``key`` (a new id the first time it is seen)."""
