@@ -177,32 +177,3 @@ def test_grown_grammars_are_evicted_within_as_many_insertions_as_grow(byte_vocab
     for j in range(40):
         cache.put(("more", j), np.zeros(1, np.int32))
     assert len(weighings) <= 40 + 2  # about one per insertion, not len(growing) per insertion
-
-
-class _Grows:
-    """A value that grows after insertion, as a compiled grammar does while it is used."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-    def estimated_bytes(self) -> int:
-        return self.size
-
-
-def test_growth_is_found_a_value_at_a_time() -> None:
-    """Grammars that all grew since they were weighed are found one per insertion, so each
-    insertion evicts about one grammar's growth: not the whole cache in one call (a weighing of
-    all at once evicted 263 grammars inside one mask, a 50-120 ms pause)."""
-    values = [_Grows(100) for _ in range(20)]
-    cache = ByteBudgetCache(max_bytes=2_000 + 20 * 100)
-    for i, v in enumerate(values):
-        cache.put(i, v)
-    for v in values:
-        v.size = 300  # each grew by 200 bytes: 4,000 in all, 2,000 past the budget
-    evicted = []
-    for j in range(len(values)):
-        before = len(cache)
-        cache.put(("filler", j), np.zeros(0, np.int32))
-        evicted.append(before + 1 - len(cache))
-    assert max(evicted) <= 2 and sum(evicted) >= 5
-    assert cache.nbytes <= cache.max_bytes
