@@ -716,14 +716,13 @@ bool ExprCore::nullable(int32_t e) {
 }
 
 int32_t ExprCore::derive(int32_t e, int b) {
-    const auto found = deriv_.find(static_cast<int64_t>(e) * 256 + b);
-    return found != deriv_.end() ? found->second : d(e, b);
+    const int32_t* found = deriv_.find(static_cast<int64_t>(e) * 256 + b);
+    return found ? *found : d(e, b);
 }
 
 int32_t ExprCore::d(int32_t e, int b) {
     const int64_t key = static_cast<int64_t>(e) * 256 + b;
-    const auto found = deriv_.find(key);
-    if (found != deriv_.end()) return found->second;
+    if (const int32_t* found = deriv_.find(key)) return *found;
     Level level(level_, budget_.max_nesting);
     int32_t out;
     if (kind(e) == K_REF || kind(e) == K_UNORDERED) {  // every cycle of derivatives passes through one
@@ -740,7 +739,7 @@ int32_t ExprCore::d(int32_t e, int b) {
     } else {
         out = derive_uncached(e, b);
     }
-    deriv_[key] = out;
+    deriv_.set(key, out);
     return out;
 }
 
@@ -758,9 +757,8 @@ int32_t ExprCore::derive_uncached(int32_t e, int b) {
                 e = static_cast<int32_t>(args(e)[1]);
                 parts.push_back(mk_seq(d(head, b), e));
                 if (!nullable(head)) return mk_alt(parts);
-                const auto done = deriv_.find(static_cast<int64_t>(e) * 256 + b);
-                if (done != deriv_.end()) {
-                    parts.push_back(done->second);
+                if (const int32_t* done = deriv_.find(static_cast<int64_t>(e) * 256 + b)) {
+                    parts.push_back(*done);
                     return mk_alt(parts);
                 }
             }

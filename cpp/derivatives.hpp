@@ -21,6 +21,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "flat_map.hpp"
 #include "packed_trie.hpp"
 
 namespace constrain {
@@ -214,7 +215,7 @@ private:
     std::vector<double> rule_min_;
     std::vector<int32_t> aux_;  // per flat node: a Bytes node's index in masks, an Unordered's in required
 
-    std::unordered_map<int64_t, int32_t> deriv_;
+    FlatMap deriv_;  // e * 256 + byte -> derivative
     std::unordered_set<int64_t> deriving_;
     // Per-expression caches, grown with exprs_.
     std::vector<ByteSet> first_;
