@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace constrain {
@@ -42,9 +43,6 @@ public:
         }
     }
 
-    size_t size() const { return size_; }
-    size_t capacity_bytes() const { return slots_.capacity() * sizeof(Slot); }
-
 private:
     struct Slot {
         int64_t key;
@@ -57,8 +55,8 @@ private:
     }
 
     void grow() {
-        std::vector<Slot> old(slots_.empty() ? 16 : slots_.size() * 2, Slot{EMPTY, 0});
-        old.swap(slots_);
+        const std::vector<Slot> old = std::move(slots_);
+        slots_.assign(old.empty() ? 16 : old.size() * 2, Slot{EMPTY, 0});
         mask_ = slots_.size() - 1;
         shift_ = 64 - __builtin_ctzll(slots_.size());
         size_ = 0;
