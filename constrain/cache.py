@@ -19,6 +19,13 @@ V = TypeVar("V")
 # Python's own cost of a small container entry (key, pointers, object header), roughly.
 ENTRY_BYTES = 100
 
+# At most this many entries go per insertion. A reweighing may find a great deal of growth at
+# once (hundreds of grammars filled their mask caches since the last one), and each grammar that
+# goes frees its tables: all at once that stalled one insertion (one mask) for 100-200 ms. Spread
+# over the next insertions it costs a few ms each, and the cache is back under its budget within
+# (entries over) / (EVICTIONS_PER_PUT - 1) insertions.
+EVICTIONS_PER_PUT = 4
+
 
 @runtime_checkable
 class Growing(Protocol):
@@ -55,8 +62,9 @@ def nbytes_of(value: object) -> int:
 class ByteBudgetCache:
     """A thread-safe LRU mapping whose entries are weighed in bytes (and optionally counted).
 
-    Past ``max_bytes`` (or ``max_entries``) the least recently used entries go. A value that grows
-    after insertion (``Growing``: a compiled grammar) is weighed again once per as many insertions
+    Past ``max_bytes`` (or ``max_entries``) the least recently used entries go, at most
+    ``EVICTIONS_PER_PUT`` per insertion (so the cache may stay over its limits for a few insertions
+    after it finds much growth at once). A value that grows after insertion (``Growing``: a compiled grammar) is weighed again once per as many insertions
     as there are growing values (and whenever ``nbytes`` is read), so the budget follows its growth
     at O(1) weighings per insertion; other values are weighed once.
     """
@@ -145,9 +153,11 @@ class ByteBudgetCache:
             self._nbytes += now - size
 
     def _evict(self) -> None:
-        while self._entries and (
-                (self.max_bytes is not None and self._nbytes > self.max_bytes)
-                or (self.max_entries is not None and len(self._entries) > self.max_entries)):
+        for _ in range(EVICTIONS_PER_PUT):
+            if not (self._entries and (
+                    (self.max_bytes is not None and self._nbytes > self.max_bytes)
+                    or (self.max_entries is not None and len(self._entries) > self.max_entries))):
+                return
             key, (_, size) = self._entries.popitem(last=False)
             self._growing.discard(key)
             self._nbytes -= size

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import constrain
-from constrain.cache import ByteBudgetCache
+from constrain.cache import EVICTIONS_PER_PUT, ByteBudgetCache
 from constrain.grammars import ir
 from constrain.tokenizers import gpt2
 
@@ -156,6 +156,22 @@ def test_byte_budget_cache_counts_and_weighs() -> None:
     assert "half" in cache and 2 not in cache and cache.nbytes <= 10_000
     with pytest.raises(ValueError, match="max_bytes"):
         ByteBudgetCache(max_bytes=-1)
+
+
+def test_a_large_overshoot_is_evicted_a_few_entries_per_insertion() -> None:
+    """Much growth found at once is evicted over the next insertions, a few entries each (every
+    entry that goes may free a grammar's tables), and the budget holds again soon after."""
+    cache = ByteBudgetCache(max_bytes=40_000)
+    for i in range(40):
+        cache.put(i, np.zeros(250, np.int32))  # 1 kB each: all fit
+    cache.max_bytes = 8_100  # as if a reweighing found 32 kB of growth (8 old entries and the small ones fit)
+    held = [len(cache)]
+    for j in range(12):
+        cache.put(("small", j), np.zeros(1, np.int32))
+        held.append(len(cache))
+    evicted = [before + 1 - after for before, after in zip(held, held[1:])]
+    assert evicted[:8] == [EVICTIONS_PER_PUT] * 8 and evicted[8:] == [0] * 4
+    assert cache.nbytes <= 8_100 and 31 not in cache and 32 in cache
 
 
 def test_grown_grammars_are_evicted_within_as_many_insertions_as_grow(byte_vocab, monkeypatch) -> None:
