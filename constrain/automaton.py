@@ -261,7 +261,7 @@ class TokenAutomaton:
             return (walked.inside,)
         # The head's states at the crossing nodes' parents, in this grammar's table (a shared walk
         # may come from another grammar).
-        starts = self._head_states.get_or_make(key, lambda: [table.derive_bytes(head, path) for path in walked.paths])
+        starts = self._head_states.get_or_make(key, lambda: tuple(table.derive_bytes(head, path) for path in walked.paths))
         parents = np.array([table.seq(h, tail) for h in starts], dtype=np.int32)
         return walked.inside, walker.below(nodes, parents[group])
 

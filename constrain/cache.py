@@ -54,7 +54,9 @@ def nbytes_of(value: object) -> int:
         return ENTRY_BYTES + sum(nbytes_of(v) + 8 for v in value)
     if isinstance(value, dict):
         return ENTRY_BYTES + sum(nbytes_of(v) + ENTRY_BYTES for v in value.values())
-    if dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
+    if dataclasses.is_dataclass(value):  # (slotted ones too: no vars())
+        return ENTRY_BYTES + sum(nbytes_of(getattr(value, f.name)) for f in dataclasses.fields(value))
+    if hasattr(value, "__dict__"):
         return ENTRY_BYTES + sum(nbytes_of(v) for v in vars(value).values())
     return ENTRY_BYTES // 4
 
@@ -75,7 +77,11 @@ class ByteBudgetCache:
                 raise ValueError(f"ByteBudgetCache: {name} must be a non-negative int or None, got {limit!r}")
         self.max_bytes = max_bytes
         self.max_entries = max_entries
-        self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        # Values and their weights apart, not as (value, weight) pairs: a pair holding a tracked
+        # value is one more object for each of Python's full collections to walk (thousands of
+        # cached head walks per grammar).
+        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+        self._sizes: dict[Hashable, int] = {}
         self._growing: set[Hashable] = set()
         self._puts_since_reweigh = 0
         self._nbytes = 0
@@ -105,7 +111,7 @@ class ByteBudgetCache:
                 return None
             self.hits += 1
             self._entries.move_to_end(key)
-            return got[0]
+            return got
 
     def get_or_make(self, key: Hashable, make: Callable[[], V]) -> V:
         """``self[key]``, made by ``make()`` on a miss (outside the lock: makes may be slow)."""
@@ -121,13 +127,15 @@ class ByteBudgetCache:
         larger than ``max_bytes`` alone is not kept (and evicts nothing)."""
         size = nbytes_of(value)
         with self._lock:
-            old = self._entries.pop(key, None)
+            old = self._sizes.pop(key, None)
             if old is not None:
-                self._nbytes -= old[1]
+                del self._entries[key]
+                self._nbytes -= old
                 self._growing.discard(key)
             if self.max_bytes is not None and size > self.max_bytes:
                 return
-            self._entries[key] = (value, size)
+            self._entries[key] = value
+            self._sizes[key] = size
             self._nbytes += size
             if is_growing(value):
                 self._growing.add(key)
@@ -141,16 +149,16 @@ class ByteBudgetCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._sizes.clear()
             self._growing.clear()
             self._nbytes = 0
 
     def _reweigh(self) -> None:
         self._puts_since_reweigh = 0
         for key in self._growing:
-            value, size = self._entries[key]
-            now = nbytes_of(value)
-            self._entries[key] = (value, now)
-            self._nbytes += now - size
+            now = nbytes_of(self._entries[key])
+            self._nbytes += now - self._sizes[key]
+            self._sizes[key] = now
 
     def _evict(self) -> None:
         for _ in range(EVICTIONS_PER_PUT):
@@ -158,9 +166,9 @@ class ByteBudgetCache:
                     (self.max_bytes is not None and self._nbytes > self.max_bytes)
                     or (self.max_entries is not None and len(self._entries) > self.max_entries))):
                 return
-            key, (_, size) = self._entries.popitem(last=False)
+            key, _ = self._entries.popitem(last=False)
             self._growing.discard(key)
-            self._nbytes -= size
+            self._nbytes -= self._sizes.pop(key)
 
 
 class Signatures:

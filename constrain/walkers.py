@@ -35,18 +35,20 @@ class RowSource(Protocol):
     def work(self) -> AbstractContextManager[None]: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class HeadWalk:
     """A walk of a head alone: what it decides for every tail.
 
     ``node`` lists the trie nodes entered from a state where the head may end (where tokens may
-    cross into the tail), in the walker's numbering and in depth-first order.
+    cross into the tail), in the walker's numbering and in depth-first order. Slotted, with its
+    paths in a tuple (which the collector stops tracking): a grammar caches thousands, and every
+    tracked object is work for each of Python's full collections, a pause inside some mask.
     """
 
     inside: np.ndarray  # mask words of the tokens the head allows (so does the head and any live tail)
     node: np.ndarray
     group: np.ndarray  # index of the head's state at the node's parent, in paths
-    paths: list[bytes]  # per head state: bytes that lead the head to it
+    paths: tuple[bytes, ...]  # per head state: bytes that lead the head to it
 
 
 NO_NODES = np.zeros(0, dtype=np.int32)
@@ -104,9 +106,9 @@ class NativeWalker:
         with self.table.work():
             words, nodes, states = self.packed.head_mask(self.table, head)
         if not len(nodes):  # (a key's literal: no token crosses into what follows)
-            return HeadWalk(self._fit(words), NO_NODES, NO_NODES, [])
+            return HeadWalk(self._fit(words), NO_NODES, NO_NODES, ())
         group, one = _grouped(states)
-        paths = [self.packed.path(int(nodes[i]))[:-1] for i in one]
+        paths = tuple(self.packed.path(int(nodes[i]))[:-1] for i in one)
         return HeadWalk(self._fit(words), np.array(nodes), group, paths)  # (a plain copy, as ``_fit``)
 
     def crossings(self, walked: HeadWalk, first: int) -> tuple[np.ndarray, np.ndarray]:
@@ -146,7 +148,7 @@ class NumpyWalker:
         node, states = node[order], states[order]  # depth-first: by first token below, then depth
         group, one = _grouped(states)
         # One path per distinct head state: the bytes that lead the head to a node of that state.
-        paths = [trie.prefix(int(trie.parent[node[i]])) for i in one]
+        paths = tuple(trie.prefix(int(trie.parent[node[i]])) for i in one)
         return HeadWalk(pack_tokens(tokens, self.n_words), node, group, paths)
 
     def crossings(self, walked: HeadWalk, first: int) -> tuple[np.ndarray, np.ndarray]:
