@@ -23,7 +23,7 @@ ENTRY_BYTES = 100
 # once (hundreds of grammars filled their mask caches since the last one), and each grammar that
 # goes frees its tables: all at once that stalled one insertion (one mask) for 100-200 ms. Spread
 # over the next insertions it costs a few ms each, and the cache is back under its budget within
-# (entries over) / (EVICTIONS_PER_PUT - 1) insertions.
+# about (entries over) / (EVICTIONS_PER_PUT - 1) insertions.
 EVICTIONS_PER_PUT = 4
 
 
@@ -66,9 +66,10 @@ class ByteBudgetCache:
 
     Past ``max_bytes`` (or ``max_entries``) the least recently used entries go, at most
     ``EVICTIONS_PER_PUT`` per insertion (so the cache may stay over its limits for a few insertions
-    after it finds much growth at once). A value that grows after insertion (``Growing``: a compiled grammar) is weighed again once per as many insertions
-    as there are growing values (and whenever ``nbytes`` is read), so the budget follows its growth
-    at O(1) weighings per insertion; other values are weighed once.
+    after it finds much growth at once). A value that grows after insertion (``Growing``: a
+    compiled grammar) is weighed again once per as many insertions as there are growing values (and
+    whenever ``nbytes`` is read), so the budget follows its growth at O(1) weighings per insertion;
+    other values are weighed once.
     """
 
     def __init__(self, max_bytes: int | None = None, max_entries: int | None = None) -> None:
