@@ -140,8 +140,6 @@ class ByteBudgetCache:
             self._nbytes += size
             if is_growing(value):
                 self._growing.add(key)
-            else:
-                self._growing.discard(key)
             self._puts_since_reweigh += 1
             if self._puts_since_reweigh >= len(self._growing):
                 self._reweigh()

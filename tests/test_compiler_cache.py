@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 import constrain
-from constrain.cache import EVICTIONS_PER_PUT, ByteBudgetCache
+from constrain.cache import EVICTIONS_PER_PUT, ByteBudgetCache, nbytes_of
 from constrain.grammars import ir
 from constrain.tokenizers import gpt2
+from constrain.walkers import HeadWalk
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}}}
 
@@ -193,3 +194,9 @@ def test_grown_grammars_are_evicted_within_as_many_insertions_as_grow(byte_vocab
     for j in range(40):
         cache.put(("more", j), np.zeros(1, np.int32))
     assert len(weighings) <= 40 + 2  # about one per insertion, not len(growing) per insertion
+
+
+def test_cached_walks_are_weighed_by_their_arrays() -> None:
+    """A head walk (a slotted dataclass: no ``vars``) weighs at least its arrays and paths."""
+    walk = HeadWalk(np.zeros(1000, np.int32), np.zeros(500, np.int32), np.zeros(500, np.int64), (b"ab", b"c"))
+    assert nbytes_of(walk) >= 4000 + 2000 + 4000 + 3
