@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
@@ -215,9 +215,8 @@ def byte_set(values: Iterable[int] | bytes | range) -> Node:
 _BYTE: tuple[Node, ...] = tuple(Bytes(1 << b) for b in range(256))
 
 
-@lru_cache(maxsize=4096)
 def literal(text: bytes | str) -> Node:
-    """Exactly ``text`` (a ``str`` is encoded as UTF-8); nodes are immutable, so shared."""
+    """Exactly ``text`` (a ``str`` is encoded as UTF-8), spelled with the shared byte nodes."""
     data = text.encode("utf-8") if isinstance(text, str) else text
     if len(data) == 1:
         return _BYTE[data[0]]

@@ -142,10 +142,8 @@ def json_text(value: Any, **dumps_options: Any) -> bytes:
     return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode("utf-8")
 
 
-@lru_cache(maxsize=4096)
 def string_literal(text: str) -> Node:
-    """The canonical spelling of ``text`` as a JSON string, quotes included (cached: object keys
-    repeat across the objects of a schema, and each spelling costs a ``json.dumps``)."""
+    """The canonical spelling of ``text`` as a JSON string, quotes included."""
     return literal(json_text(text))
 
 

@@ -32,7 +32,7 @@ from constrain.grammars.ir import (
     unordered,
 )
 from constrain.grammars.json_schema.document import Sub
-from constrain.grammars.json_schema.json_strings import ANY_CANONICAL_CHAR, string_literal
+from constrain.grammars.json_schema.json_strings import ANY_CANONICAL_CHAR
 from constrain.grammars.json_schema.shapes import Shape, Witness
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def object_ir(t: Values, lay: Layout, sink: RuleSink, sh: Shape) -> Node:
             if k in required:
                 return NOTHING
             continue
-        members.append((k, subs, seq(string_literal(k), lay.colon, value), k in required))
+        members.append((k, subs, seq(t.key_literal(k), lay.colon, value), k in required))
     extra = NOTHING if finite is not None else _additional_member(t, lay, sink, sh, list(order))
     witnesses = sh.witnesses
     # Additional members may repeat a key, and a repeated key is one property: counted as members
@@ -227,7 +227,7 @@ def _members(t: Values, lay: Layout, sink: RuleSink, sh: Shape, members: list[tu
             extra_subs = [witnesses[i].value for i in chosen]
             value = t.value_rule(subs + extra_subs, pointer + "/properties/" + key)
             if value != NOTHING:
-                out.append((seq(string_literal(key), lay.colon, value), sum(1 << i for i in chosen)))
+                out.append((seq(t.key_literal(key), lay.colon, value), sum(1 << i for i in chosen)))
         return out
 
     # Bottom-up over j so recursion depth stays constant.

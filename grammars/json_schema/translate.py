@@ -89,15 +89,6 @@ def _exact(bound: Bound | None) -> tuple[str, bool] | None:
     return None if bound is None else (str(bound.value), bound.inclusive)
 
 
-@lru_cache(maxsize=4096)
-def _key_body_literal(key: str) -> Node:
-    """``Translator.key_body_literal``, shared: every object that excludes its declared keys from
-    additional ones spells them again, and a node made once is hashed once."""
-    lit = string_literal(key)
-    return Seq(lit.items[1:-1]) if isinstance(lit, Seq) and len(lit.items) > 3 else (
-        lit.items[1] if isinstance(lit, Seq) and len(lit.items) == 3 else EMPTY)
-
-
 def _any_body(lay: Layout, child: str, leaf: bool, surely_nonempty: Callable[[Node], bool]) -> Node:
     """The body of a rule of any JSON value whose members and items are rule ``child`` (``leaf``:
     containers only empty)."""
@@ -149,6 +140,8 @@ class Translator:
         self._numbers: dict[tuple[Any, ...], Node] = {}
         self._string_bodies: dict[tuple[Any, ...], Node] = {}
         self._patterns: dict[tuple[str, bool], Node] = {}
+        self._key_literals: dict[str, Node] = {}
+        self._key_bodies: dict[str, Node] = {}
         self.layout = self.layout_at(0)
 
     # ------------------------------------------------------------------ bookkeeping
@@ -350,9 +343,25 @@ class Translator:
                 raise SchemaError(f"cannot enforce pattern: {exc}", where, "pattern") from None
         return got
 
+    def key_literal(self, key: str) -> Node:
+        """The canonical spelling of ``key``, quotes included, made once per translation: keys repeat
+        across a schema's objects, each spelling costs a ``json.dumps``, and a node made once is
+        hashed and measured once. (Per translation, not per process: a process-wide table would
+        keep thousands of nodes alive for the collector to walk, and other schemas share few keys.)"""
+        got = self._key_literals.get(key)
+        if got is None:
+            got = self._key_literals[key] = string_literal(key)
+        return got
+
     def key_body_literal(self, key: str) -> Node:
-        """The canonical spelling of ``key`` without its quotes."""
-        return _key_body_literal(key)
+        """The canonical spelling of ``key`` without its quotes (made once per translation)."""
+        got = self._key_bodies.get(key)
+        if got is None:
+            lit = self.key_literal(key)
+            got = self._key_bodies[key] = (
+                Seq(lit.items[1:-1]) if isinstance(lit, Seq) and len(lit.items) > 3 else
+                lit.items[1] if isinstance(lit, Seq) and len(lit.items) == 3 else EMPTY)
+        return got
 
     def property_names_ir(self, sub: Sub) -> Node:
         """Key bodies (canonical spelling) allowed by ``propertyNames``."""
