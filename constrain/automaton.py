@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -98,14 +97,14 @@ class TokenAutomaton:
         long_trie = self.long_tokens.trie
         self._long_walker = None if long_trie is None else walker(long_trie, table, self.n_words)
         self._long_masks = ByteBudgetCache(max_entries=mask_cache_size)
-        self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._masks: dict[int, np.ndarray] = {}  # oldest first; a plain dict, never tracked by the collector
         self._max_next: dict[int, float] = {}
         # Per state, the budget-aware close's levels, and its masks where asked (``_close_levels``),
         # as many masks in all as the mask cache holds.
         self._closes = ByteBudgetCache(max_bytes=mask_cache_size * self.n_words * 4)
         self._heads = ByteBudgetCache(max_entries=mask_cache_size)  # head walks and their crossings per first bytes
         self._head_states = ByteBudgetCache(max_entries=mask_cache_size)  # per head: its states at paths
-        self._narrow_seen: set[int] = set()  # narrow heads met once (``_split_mask``)
+        self._narrow_seen: dict[int, None] = {}  # narrow heads met once (``_split_mask``; a dict of ints: untracked)
         self._mask_cache_size = mask_cache_size
         self._lock = threading.RLock()
 
@@ -175,8 +174,9 @@ class TokenAutomaton:
                 if not np.array_equal(words, got):  # else (counts past the longest token) one array serves both
                     got = words
             self._masks[state] = got
-            while len(self._masks) > self._mask_cache_size:
-                self._masks.popitem(last=False)
+            masks = self._masks
+            while len(masks) > self._mask_cache_size:
+                del masks[next(iter(masks))]
             return got
 
     def mask_is_cached(self, state: int, max_bytes: float | None = None) -> bool:
@@ -244,7 +244,7 @@ class TokenAutomaton:
         if table.is_byte_set(head):  # a literal's next byte: the plain walk is already tiny
             return None
         if table.first_bytes(head).bit_count() < MIN_SPLIT_BYTES and head not in self._narrow_seen:
-            self._narrow_seen.add(head)  # a narrow head met once: the plain walk (no signature either)
+            self._narrow_seen[head] = None  # a narrow head met once: the plain walk (no signature either)
             return None
         sig = table.signature(head)
         heads: ByteBudgetCache
@@ -257,13 +257,14 @@ class TokenAutomaton:
         walked = heads.get_or_make(key, lambda: walker.head(head))
         first = table.first_bytes(tail)
         nodes, group = heads.get_or_make((*key, first), lambda: walker.crossings(walked, first))
+        inside, _, _, paths = walked
         if not len(nodes):
-            return (walked.inside,)
+            return (inside,)
         # The head's states at the crossing nodes' parents, in this grammar's table (a shared walk
         # may come from another grammar).
-        starts = self._head_states.get_or_make(key, lambda: tuple(table.derive_bytes(head, path) for path in walked.paths))
+        starts = self._head_states.get_or_make(key, lambda: tuple(table.derive_bytes(head, path) for path in paths))
         parents = np.array([table.seq(h, tail) for h in starts], dtype=np.int32)
-        return walked.inside, walker.below(nodes, parents[group])
+        return inside, walker.below(nodes, parents[group])
 
     def transitions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         """Every allowed non-stop token of ``state`` and the state each one leads to."""

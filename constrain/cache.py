@@ -6,9 +6,7 @@ grammar), so two contexts never share memory or ids and ``clear()`` really frees
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol, TypeGuard, TypeVar, runtime_checkable
 
@@ -54,8 +52,6 @@ def nbytes_of(value: object) -> int:
         return ENTRY_BYTES + sum(nbytes_of(v) + 8 for v in value)
     if isinstance(value, dict):
         return ENTRY_BYTES + sum(nbytes_of(v) + ENTRY_BYTES for v in value.values())
-    if dataclasses.is_dataclass(value):  # (slotted ones too: no vars())
-        return ENTRY_BYTES + sum(nbytes_of(getattr(value, f.name)) for f in dataclasses.fields(value))
     if hasattr(value, "__dict__"):
         return ENTRY_BYTES + sum(nbytes_of(v) for v in vars(value).values())
     return ENTRY_BYTES // 4
@@ -78,10 +74,12 @@ class ByteBudgetCache:
                 raise ValueError(f"ByteBudgetCache: {name} must be a non-negative int or None, got {limit!r}")
         self.max_bytes = max_bytes
         self.max_entries = max_entries
-        # Values and their weights apart, not as (value, weight) pairs: a pair holding a tracked
-        # value is one more object for each of Python's full collections to walk (thousands of
-        # cached head walks per grammar).
-        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+        # Plain dicts (``_entries`` in recency order, oldest first), with values and weights apart:
+        # Python's collector stops tracking a dict that holds nothing it tracks (ints, arrays,
+        # tuples of them: a grammar's masks and head walks), so an idle grammar's caches cost its
+        # full collections nothing. An OrderedDict is always tracked, and each full collection
+        # visited every entry of every cache: tens of ms, inside whichever mask it landed in.
+        self._entries: dict[Hashable, Any] = {}
         self._sizes: dict[Hashable, int] = {}
         self._growing: set[Hashable] = set()
         self._puts_since_reweigh = 0
@@ -106,12 +104,12 @@ class ByteBudgetCache:
     def get(self, key: Hashable) -> Any | None:
         """The value under ``key`` (now the most recent), or None."""
         with self._lock:
-            got = self._entries.get(key)
+            got = self._entries.pop(key, None)
             if got is None:
                 self.misses += 1
                 return None
             self.hits += 1
-            self._entries.move_to_end(key)
+            self._entries[key] = got  # now the most recent
             return got
 
     def get_or_make(self, key: Hashable, make: Callable[[], V]) -> V:
@@ -165,7 +163,8 @@ class ByteBudgetCache:
                     (self.max_bytes is not None and self._nbytes > self.max_bytes)
                     or (self.max_entries is not None and len(self._entries) > self.max_entries))):
                 return
-            key, _ = self._entries.popitem(last=False)
+            key = next(iter(self._entries))
+            del self._entries[key]
             self._growing.discard(key)
             self._nbytes -= self._sizes.pop(key)
 

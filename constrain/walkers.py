@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -35,20 +34,15 @@ class RowSource(Protocol):
     def work(self) -> AbstractContextManager[None]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class HeadWalk:
-    """A walk of a head alone: what it decides for every tail.
-
-    ``node`` lists the trie nodes entered from a state where the head may end (where tokens may
-    cross into the tail), in the walker's numbering and in depth-first order. Slotted, with its
-    paths in a tuple (which the collector stops tracking): a grammar caches thousands, and every
-    tracked object is work for each of Python's full collections, a pause inside some mask.
-    """
-
-    inside: np.ndarray  # mask words of the tokens the head allows (so does the head and any live tail)
-    node: np.ndarray
-    group: np.ndarray  # index of the head's state at the node's parent, in paths
-    paths: tuple[bytes, ...]  # per head state: bytes that lead the head to it
+# A walk of a head alone, what it decides for every tail: ``(inside, node, group, paths)``.
+# ``inside``: mask words of the tokens the head allows (so does the head and any live tail).
+# ``node``: the trie nodes entered from a state where the head may end (where tokens may cross
+# into the tail), in the walker's numbering and in depth-first order. ``group``: per node, the
+# index in ``paths`` of the head's state at the node's parent. ``paths``: per head state, bytes
+# that lead the head to it. A plain tuple of arrays and bytes, which Python's collector stops
+# tracking (a dataclass or named tuple it tracks for good), and so does it the dicts caching
+# it: a grammar caches thousands, and every tracked entry is work for each full collection.
+HeadWalk = tuple[np.ndarray, np.ndarray, np.ndarray, tuple[bytes, ...]]
 
 
 NO_NODES = np.zeros(0, dtype=np.int32)
@@ -106,14 +100,15 @@ class NativeWalker:
         with self.table.work():
             words, nodes, states = self.packed.head_mask(self.table, head)
         if not len(nodes):  # (a key's literal: no token crosses into what follows)
-            return HeadWalk(self._fit(words), NO_NODES, NO_NODES, ())
+            return self._fit(words), NO_NODES, NO_NODES, ()
         group, one = _grouped(states)
         paths = tuple(self.packed.path(int(nodes[i]))[:-1] for i in one)
-        return HeadWalk(self._fit(words), np.array(nodes), group, paths)  # (a plain copy, as ``_fit``)
+        return self._fit(words), np.array(nodes), group, paths  # (a plain copy, as ``_fit``)
 
     def crossings(self, walked: HeadWalk, first: int) -> tuple[np.ndarray, np.ndarray]:
-        keep = self.packed.outermost(walked.node, byte_flags(first))
-        return walked.node[keep], walked.group[keep]
+        _, node, group, _ = walked
+        keep = self.packed.outermost(node, byte_flags(first))
+        return node[keep], group[keep]
 
     def below(self, nodes: np.ndarray, parents: np.ndarray) -> np.ndarray:
         with self.table.work():
@@ -149,19 +144,20 @@ class NumpyWalker:
         group, one = _grouped(states)
         # One path per distinct head state: the bytes that lead the head to a node of that state.
         paths = tuple(trie.prefix(int(trie.parent[node[i]])) for i in one)
-        return HeadWalk(pack_tokens(tokens, self.n_words), node, group, paths)
+        return pack_tokens(tokens, self.n_words), node, group, paths
 
     def crossings(self, walked: HeadWalk, first: int) -> tuple[np.ndarray, np.ndarray]:
         """A node crosses when the head may end at its parent and its byte is in ``first``. Below
         a crossing node the real walk covers everything, so crossing nodes under it are left out."""
         trie = self.trie
-        pick = np.nonzero(byte_flags(first)[trie.byte[walked.node]])[0]
-        nodes = walked.node[pick]
+        _, node, group, _ = walked
+        pick = np.nonzero(byte_flags(first)[trie.byte[node]])[0]
+        nodes = node[pick]
         start, end = trie.rank_start[nodes], trie.rank_end[nodes]
         outer = np.ones(len(pick), dtype=bool)  # depth-first order: an outer node comes before those below it
         outer[1:] = start[1:] >= np.maximum.accumulate(end)[:-1]
         pick = pick[outer]
-        return walked.node[pick], walked.group[pick]
+        return node[pick], group[pick]
 
     def below(self, nodes: np.ndarray, parents: np.ndarray) -> np.ndarray:
         depths = self._depth(nodes)

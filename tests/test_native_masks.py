@@ -97,14 +97,15 @@ def feed(native: TokenAutomaton, twin: TokenAutomaton, data: bytes) -> int:
 def head_summary(walker: NativeWalker | NumpyWalker, walked: HeadWalk, table, head: int) -> tuple:
     """A head walk in terms both walkers share: the inside mask and, per node where the head may
     end, the node's bytes and the head's state at its parent."""
+    inside, node, group, head_paths = walked
     if isinstance(walker, NativeWalker):
-        paths = [walker.packed.path(int(n)) for n in walked.node]
+        paths = [walker.packed.path(int(n)) for n in node]
     else:
-        paths = [walker.trie.prefix(int(n)) for n in walked.node]
-    states = [table.derive_bytes(head, walked.paths[g]) for g in walked.group]
+        paths = [walker.trie.prefix(int(n)) for n in node]
+    states = [table.derive_bytes(head, head_paths[g]) for g in group]
     assert all(table.derive_bytes(head, p[:-1]) == s for p, s in zip(paths, states))
     assert paths == sorted(paths), "nodes not in depth-first order"
-    return walked.inside.tolist(), list(zip(paths, states))
+    return inside.tolist(), list(zip(paths, states))
 
 
 def check_heads(native: TokenAutomaton, twin: TokenAutomaton, state: int, first: int) -> None:
@@ -120,7 +121,7 @@ def check_heads(native: TokenAutomaton, twin: TokenAutomaton, state: int, first:
     masks = []
     for w, walked in walks:
         nodes, group = w.crossings(walked, first)
-        parents = np.array([table.seq(table.derive_bytes(head, p), tail) for p in walked.paths], dtype=np.int32)
+        parents = np.array([table.seq(table.derive_bytes(head, p), tail) for p in walked[3]], dtype=np.int32)
         masks.append(w.below(nodes, parents[group]) if len(nodes) else np.zeros(native.n_words, np.int32))
     assert np.array_equal(*masks)
 
