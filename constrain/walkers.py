@@ -39,9 +39,9 @@ class RowSource(Protocol):
 # ``node``: the trie nodes entered from a state where the head may end (where tokens may cross
 # into the tail), in the walker's numbering and in depth-first order. ``group``: per node, the
 # index in ``paths`` of the head's state at the node's parent. ``paths``: per head state, bytes
-# that lead the head to it. A plain tuple of arrays and bytes, which Python's collector stops
-# tracking (a dataclass or named tuple it tracks for good), and so does it the dicts caching
-# it: a grammar caches thousands, and every tracked entry is work for each full collection.
+# that lead the head to it. A plain tuple of arrays and bytes: Python's collector stops tracking
+# it, and then the dicts caching it (a dataclass or named tuple it would track for good). A
+# grammar caches thousands, and every tracked entry is work for each full collection.
 HeadWalk = tuple[np.ndarray, np.ndarray, np.ndarray, tuple[bytes, ...]]
 
 
