@@ -19,9 +19,10 @@ ENTRY_BYTES = 100
 
 # At most this many entries go per insertion. A reweighing may find a great deal of growth at
 # once (hundreds of grammars filled their mask caches since the last one), and each grammar that
-# goes frees its tables: all at once that stalled one insertion (one mask) for 100-200 ms. Spread
-# over the next insertions it costs a few ms each, and the cache is back under its budget within
-# about (entries over) / (EVICTIONS_PER_PUT - 1) insertions.
+# goes frees its tables: all at once that stalled one insertion for 100-200 ms. Spread over the
+# next insertions it costs a few ms each, and the cache is back under its budget within about
+# (entries over) / (EVICTIONS_PER_PUT - 1) insertions. (A mask that inserts many head walks can
+# still pay for many: 170 entries, 27 ms, in one mask of bench/HISTORY.md's session 22.)
 EVICTIONS_PER_PUT = 4
 
 

@@ -21,7 +21,6 @@ from constrain.grammars.ir import (
     NOTHING,
     Grammar,
     Node,
-    Seq,
     alt,
     byte_set,
     complement,
@@ -357,10 +356,7 @@ class Translator:
         """The canonical spelling of ``key`` without its quotes (made once per translation)."""
         got = self._key_bodies.get(key)
         if got is None:
-            lit = self.key_literal(key)
-            got = self._key_bodies[key] = (
-                Seq(lit.items[1:-1]) if isinstance(lit, Seq) and len(lit.items) > 3 else
-                lit.items[1] if isinstance(lit, Seq) and len(lit.items) == 3 else EMPTY)
+            got = self._key_bodies[key] = literal(json_text(key)[1:-1])
         return got
 
     def property_names_ir(self, sub: Sub) -> Node:
