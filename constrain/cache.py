@@ -6,6 +6,7 @@ grammar), so two contexts never share memory or ids and ``clear()`` really frees
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol, TypeGuard, TypeVar, runtime_checkable
@@ -17,13 +18,12 @@ V = TypeVar("V")
 # Python's own cost of a small container entry (key, pointers, object header), roughly.
 ENTRY_BYTES = 100
 
-# At most this many entries go per insertion. A reweighing may find a great deal of growth at
-# once (hundreds of grammars filled their mask caches since the last one), and each grammar that
-# goes frees its tables: all at once that stalled one insertion for 100-200 ms. Spread over the
-# next insertions it costs a few ms each, and the cache is back under its budget within about
-# (entries over) / (EVICTIONS_PER_PUT - 1) insertions. (A mask that inserts many head walks can
-# still pay for many: 170 entries, 27 ms, in one mask of bench/HISTORY.md's session 22.)
-EVICTIONS_PER_PUT = 4
+# Per ``settle()``: at most this many growing values are weighed again (the least recently
+# weighed: weighing all of hundreds of grammars at every compile doubled the p50 compile) ...
+SETTLE_REWEIGHS = 16
+# ... and at most this many entries go (each may free a grown grammar's tables, 0.1-1 ms). A larger
+# debt is paid over the next settles.
+SETTLE_EVICTIONS = 64
 
 
 @runtime_checkable
@@ -61,12 +61,14 @@ def nbytes_of(value: object) -> int:
 class ByteBudgetCache:
     """A thread-safe LRU mapping whose entries are weighed in bytes (and optionally counted).
 
-    Past ``max_bytes`` (or ``max_entries``) the least recently used entries go, at most
-    ``EVICTIONS_PER_PUT`` per insertion (so the cache may stay over its limits for a few insertions
-    after it finds much growth at once). A value that grows after insertion (``Growing``: a
-    compiled grammar) is weighed again once per as many insertions as there are growing values (and
-    whenever ``nbytes`` is read), so the budget follows its growth at O(1) weighings per insertion;
-    other values are weighed once.
+    Past ``max_bytes`` (or ``max_entries``) the least recently used entries go. An insertion
+    evicts only enough to make room for itself. A value that grows after insertion (``Growing``:
+    a compiled grammar) is weighed again by ``settle()``, a few per call in turn, which then pays
+    for the growth; ``nbytes`` weighs them all. Other values are weighed once.
+
+    Growth happens while masks are filled, and an insertion that paid for it there would free
+    grammars inside a mask: 170 evictions, 27 ms, in one mask of bench/HISTORY.md's session 22.
+    ``GrammarCompiler`` settles its cache once per compile instead, where the user expects latency.
     """
 
     def __init__(self, max_bytes: int | None = None, max_entries: int | None = None) -> None:
@@ -82,8 +84,7 @@ class ByteBudgetCache:
         # visited every entry of every cache: tens of ms, inside whichever mask it landed in.
         self._entries: dict[Hashable, Any] = {}
         self._sizes: dict[Hashable, int] = {}
-        self._growing: set[Hashable] = set()
-        self._puts_since_reweigh = 0
+        self._growing: dict[Hashable, None] = {}  # the least recently weighed first
         self._nbytes = 0
         self._lock = threading.Lock()
         self.hits = 0
@@ -123,26 +124,31 @@ class ByteBudgetCache:
         return value
 
     def put(self, key: Hashable, value: object) -> None:
-        """Insert ``value`` as the most recent entry, then evict down to the limits. A value
-        larger than ``max_bytes`` alone is not kept (and evicts nothing)."""
+        """Insert ``value`` as the most recent entry, evicting the oldest while over the limits
+        until they made room for it. A value larger than ``max_bytes`` alone is not kept (and
+        evicts nothing)."""
         size = nbytes_of(value)
         with self._lock:
             old = self._sizes.pop(key, None)
             if old is not None:
                 del self._entries[key]
                 self._nbytes -= old
-                self._growing.discard(key)
+                self._growing.pop(key, None)
             if self.max_bytes is not None and size > self.max_bytes:
                 return
             self._entries[key] = value
             self._sizes[key] = size
             self._nbytes += size
             if is_growing(value):
-                self._growing.add(key)
-            self._puts_since_reweigh += 1
-            if self._puts_since_reweigh >= len(self._growing):
-                self._reweigh()
-            self._evict()
+                self._growing[key] = None
+            self._evict(room=size, most=len(self._entries))
+
+    def settle(self) -> None:
+        """Weigh ``SETTLE_REWEIGHS`` growing values again, then evict down to the limits, at most
+        ``SETTLE_EVICTIONS`` entries (the rest of a larger debt waits for the next settle)."""
+        with self._lock:
+            self._reweigh(SETTLE_REWEIGHS)
+            self._evict(room=None, most=SETTLE_EVICTIONS)
 
     def clear(self) -> None:
         with self._lock:
@@ -151,23 +157,31 @@ class ByteBudgetCache:
             self._growing.clear()
             self._nbytes = 0
 
-    def _reweigh(self) -> None:
-        self._puts_since_reweigh = 0
-        for key in self._growing:
+    def _reweigh(self, most: int | None = None) -> None:
+        """Weigh again the ``most`` least recently weighed growing values (None: all)."""
+        keys = list(self._growing) if most is None else list(itertools.islice(self._growing, most))
+        for key in keys:
+            del self._growing[key]
+            self._growing[key] = None  # now the most recently weighed
             now = nbytes_of(self._entries[key])
             self._nbytes += now - self._sizes[key]
             self._sizes[key] = now
 
-    def _evict(self) -> None:
-        for _ in range(EVICTIONS_PER_PUT):
-            if not (self._entries and (
-                    (self.max_bytes is not None and self._nbytes > self.max_bytes)
-                    or (self.max_entries is not None and len(self._entries) > self.max_entries))):
+    def _evict(self, room: int | None, most: int) -> None:
+        """Evict the oldest entries while over the limits, at most ``most`` of them, and over
+        ``max_bytes`` only until ``room`` bytes went (None: all the way down)."""
+        freed = 0
+        for _ in range(most):
+            over_bytes = self.max_bytes is not None and self._nbytes > self.max_bytes and (room is None or freed < room)
+            over_entries = self.max_entries is not None and len(self._entries) > self.max_entries
+            if not (over_bytes or over_entries) or not self._entries:
                 return
             key = next(iter(self._entries))
             del self._entries[key]
-            self._growing.discard(key)
-            self._nbytes -= self._sizes.pop(key)
+            self._growing.pop(key, None)
+            size = self._sizes.pop(key)
+            self._nbytes -= size
+            freed += size
 
 
 class Signatures:

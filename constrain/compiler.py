@@ -135,7 +135,8 @@ class GrammarCompiler:
     """Compiles constraints for vocabularies and owns the caches they share.
 
     ``max_cache_bytes`` bounds what the context keeps (compiled grammars, tries, shared walks);
-    past it the least recently used entries go. ``budget`` is the default ``CompileBudget`` of
+    past it the least recently used entries go (those that grew while masks were filled, at the
+    next compile). ``budget`` is the default ``CompileBudget`` of
     each compile (10 s, 2 GiB); every ``compile_*`` also takes its own. Grammars it compiled keep
     working after eviction or ``clear()``: the context only stops holding them. ``native``: the
     automaton's core, C++ (``constrain._core``; None: where it is built) or, with False, its
@@ -218,6 +219,7 @@ class GrammarCompiler:
         return self._cached(key, lambda: self._compile(lark_to_grammar(text, start=start), vocab, chosen))
 
     def _compile(self, grammar: ir.Grammar, vocab: Vocabulary, budget: CompileBudget) -> CompiledGrammar:
+        self._cache.settle()  # the growth that masks made since the last compile is paid here, not in a mask
         signatures: Signatures = self._cache.get_or_make(_SIGNATURES_KEY, Signatures)
         return CompiledGrammar(grammar, vocab, budget=budget, shared=self._cache, signatures=signatures,
                                native=self.native)

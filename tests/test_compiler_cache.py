@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import constrain
-from constrain.cache import EVICTIONS_PER_PUT, ByteBudgetCache, nbytes_of
+from constrain.cache import SETTLE_EVICTIONS, SETTLE_REWEIGHS, ByteBudgetCache, nbytes_of
 from constrain.grammars import ir
 from constrain.tokenizers import gpt2
 
@@ -160,41 +160,69 @@ def test_byte_budget_cache_counts_and_weighs() -> None:
         ByteBudgetCache(max_bytes=-1)
 
 
-def test_a_large_overshoot_is_evicted_a_few_entries_per_insertion() -> None:
-    """Much growth found at once is evicted over the next insertions, a few entries each (every
-    entry that goes may free a grammar's tables), and the budget holds again soon after."""
-    cache = ByteBudgetCache(max_bytes=40_000)
-    for i in range(40):
+def test_an_insertion_evicts_only_room_for_itself_and_settle_pays_the_rest() -> None:
+    """Growth found over the budget is not paid by the next insertions (they run inside masks):
+    each evicts only enough for itself. ``settle()`` pays it, ``SETTLE_EVICTIONS`` at a time."""
+    cache = ByteBudgetCache(max_bytes=200_000)
+    for i in range(100):
         cache.put(i, np.zeros(250, np.int32))  # 1 kB each: all fit
-    cache.max_bytes = 8_100  # as if a reweighing found 32 kB of growth (8 old entries and the small ones fit)
-    held = [len(cache)]
-    for j in range(12):
+    cache.max_bytes = 10_000  # as if settling found 90 kB of growth
+    for j in range(3):
         cache.put(("small", j), np.zeros(1, np.int32))
-        held.append(len(cache))
-    evicted = [before + 1 - after for before, after in zip(held, held[1:])]
-    assert evicted[:8] == [EVICTIONS_PER_PUT] * 8 and evicted[8:] == [0] * 4
-    assert cache.nbytes <= 8_100 and 31 not in cache and 32 in cache
+    assert len(cache) == 100 and 2 not in cache and 3 in cache  # one old entry per insertion
+    cache.put("three kB", np.zeros(750, np.int32))
+    assert len(cache) == 98 and 5 not in cache and 6 in cache  # three old entries made its room
+    cache.settle()
+    assert len(cache) == 98 - SETTLE_EVICTIONS and cache.nbytes > cache.max_bytes
+    cache.settle()
+    assert cache.nbytes <= cache.max_bytes and 99 in cache and "three kB" in cache
 
 
-def test_grown_grammars_are_evicted_within_as_many_insertions_as_grow(byte_vocab, monkeypatch) -> None:
-    """Growing values are weighed again once per len(growing) insertions (not all at every one):
-    a grammar that grew past the budget still goes, at the latest that many insertions later."""
-    grammars = [constrain.GrammarCompiler().compile_regex(f"[a-z]{{0,{200 + i}}}", byte_vocab) for i in range(3)]
-    small = sum(g.estimated_bytes() for g in grammars)
-    cache = ByteBudgetCache(max_bytes=small + 5_000)
-    for i, g in enumerate(grammars):
-        cache.put(i, g)
-    walk_masks(grammars[0], b"q" * 200)  # grows by far more than the 5 kB left
-    assert grammars[0].estimated_bytes() > small + 5_000 - sum(g.estimated_bytes() for g in grammars[1:])
-    for j in range(len(grammars)):
-        cache.put(("filler", j), np.zeros(1, np.int32))
-    assert 0 not in cache and 1 in cache and 2 in cache and cache.nbytes <= cache.max_bytes
-    weighings = []
-    for g in grammars[1:]:
-        monkeypatch.setattr(g, "estimated_bytes", lambda g=g, real=g.estimated_bytes: weighings.append(g) or real())
-    for j in range(40):
-        cache.put(("more", j), np.zeros(1, np.int32))
-    assert len(weighings) <= 40 + 2  # about one per insertion, not len(growing) per insertion
+def test_growth_is_paid_at_the_next_compile(byte_vocab) -> None:
+    """Masks that grow a grammar past the budget evict nothing (they run where latency hurts);
+    the next compile pays the growth, beyond the room it makes for its own grammar."""
+    probe = constrain.GrammarCompiler()
+    probe.compile_regex("[0-9]{0,300}", byte_vocab)
+    probe.compile_regex("[a-z]{0,2000}", byte_vocab)
+    compiler = constrain.GrammarCompiler(max_cache_bytes=probe.cache_bytes + 100_000)  # the two fit
+    old = compiler.compile_regex("[0-9]{0,300}", byte_vocab)
+    grown = compiler.compile_regex("[a-z]{0,2000}", byte_vocab)
+    entries = compiler.cache_entries
+    walk_masks(grown, b"q" * 1500)  # new states, rows and masks: more than a new grammar weighs
+    assert compiler.cache_bytes > compiler.max_cache_bytes and compiler.cache_entries == entries
+    compiler.compile_regex("x", byte_vocab)  # its room alone is the old grammar's
+    assert compiler.cache_bytes <= compiler.max_cache_bytes
+    assert compiler.compile_regex("[0-9]{0,300}", byte_vocab) is not old
+    assert compiler.compile_regex("[a-z]{0,2000}", byte_vocab) is not grown
+
+
+def test_settle_weighs_a_few_growing_values_in_turn() -> None:
+    """Weighing hundreds of grammars at every compile doubled the p50 compile: each settle weighs
+    ``SETTLE_REWEIGHS`` of them, the least recently weighed first, so each is weighed again within
+    len(growing) / SETTLE_REWEIGHS settles."""
+    weighed: list[int] = []
+
+    class Grows:
+        def __init__(self, i: int) -> None:
+            self.i, self.size = i, 100
+
+        def estimated_bytes(self) -> int:
+            weighed.append(self.i)
+            return self.size
+
+    values = [Grows(i) for i in range(3 * SETTLE_REWEIGHS)]
+    cache = ByteBudgetCache(max_bytes=10**9)
+    for v in values:
+        cache.put(v.i, v)
+    weighed.clear()
+    for v in values:
+        v.size = 1000
+    cache.settle()
+    assert weighed == list(range(SETTLE_REWEIGHS))
+    cache.settle()
+    cache.settle()
+    assert sorted(weighed) == list(range(len(values)))
+    assert cache._nbytes == 1000 * len(values)
 
 
 def test_cached_walks_are_weighed_by_their_arrays() -> None:
