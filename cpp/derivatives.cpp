@@ -224,7 +224,7 @@ void ExprCore::end_work() {
 
 size_t ExprCore::estimated_bytes() const {
     size_t entries = closure_bound_.size();
-    for (const auto& [limit, memo] : clamped_) entries += memo.size();
+    for (const auto& [limit, memo] : clamped_) entries += memo.size();  // (few limits)
     return exprs_.size() * EXPR_BYTES + buffers_.capacity * ROW_BYTES + entries * ENTRY_BYTES;
 }
 
@@ -293,6 +293,7 @@ int32_t ExprCore::intern(uint8_t kind, const int64_t* a, uint32_t n, int8_t null
     first_.push_back({});
     first_known_.push_back(0);
     classes_.push_back(-1);
+    class_count_.push_back(0);
     min_.push_back(UNKNOWN);
     bound_.push_back(UNKNOWN);
     live_.push_back(-1);
@@ -796,7 +797,10 @@ int32_t ExprCore::derive_bytes(int32_t e, const uint8_t* data, size_t n) {
 }
 
 std::vector<ByteSet> ExprCore::byte_classes(int32_t e) {
-    if (classes_[e] >= 0) return class_sets_[classes_[e]];
+    if (classes_[e] >= 0) {
+        const auto first = class_pool_.begin() + classes_[e];
+        return {first, first + class_count_[e]};
+    }
     const auto open = class_open_.find(e);
     if (open != class_open_.end()) {  // a cycle through rules adds no first byte of its own
         class_cut_ = std::min(class_cut_, open->second);
@@ -835,8 +839,9 @@ std::vector<ByteSet> ExprCore::byte_classes(int32_t e) {
         }
     }
     if (scope.close()) {
-        classes_[e] = static_cast<int32_t>(class_sets_.size());
-        class_sets_.push_back(parts);
+        classes_[e] = static_cast<int32_t>(class_pool_.size());
+        class_count_[e] = static_cast<uint16_t>(parts.size());
+        class_pool_.insert(class_pool_.end(), parts.begin(), parts.end());
     }
     return parts;
 }
@@ -1131,7 +1136,7 @@ int32_t ExprCore::clamp_intersection(int32_t e, int64_t limit) {
     };
     for (int round = 0; round < MAX_CLAMP_ROUNDS; ++round) {
         lifted.clear();
-        std::unordered_map<int32_t, int32_t> memo;
+        FlatMap memo;
         const int32_t relaxed = recount(e, relax, memo, -1);
         if (relaxed == e) return e;
         const int64_t bound = closure_bound(relaxed);
@@ -1145,10 +1150,9 @@ int32_t ExprCore::clamp_intersection(int32_t e, int64_t limit) {
 }
 
 template <class Rule>
-int32_t ExprCore::recount(int32_t e, const Rule& rule, std::unordered_map<int32_t, int32_t>& memo, int64_t clamp_at) {
+int32_t ExprCore::recount(int32_t e, const Rule& rule, FlatMap& memo, int64_t clamp_at) {
     if (!exprs_[e].counted) return e;
-    const auto known = memo.find(e);
-    if (known != memo.end()) return known->second;
+    if (const int32_t* known = memo.find(e)) return *known;
     Level level(level_, budget_.max_nesting);
     const int k = kind(e);
     int32_t out = e;
@@ -1156,7 +1160,10 @@ int32_t ExprCore::recount(int32_t e, const Rule& rule, std::unordered_map<int32_
         std::vector<int32_t> done = k == K_SEQ ? spine(e) : k == K_FRAME ? std::vector<int32_t>{static_cast<int32_t>(args(e)[0])} : members(e);
         for (int32_t& m : done) {
             m = recount(m, rule, memo, clamp_at);
-            if (m < 0) return memo[e] = -1;
+            if (m < 0) {
+                memo.set(e, -1);
+                return -1;
+            }
         }
         if (k == K_SEQ) {
             out = EMPTY;
@@ -1171,13 +1178,12 @@ int32_t ExprCore::recount(int32_t e, const Rule& rule, std::unordered_map<int32_
     } else if (k == K_AND) {
         out = clamp_intersection(e, clamp_at);
     }
-    memo[e] = out;
+    memo.set(e, out);
     return out;
 }
 
 int64_t ExprCore::closure_bound(int32_t u) {
-    const auto known = closure_bound_.find(u);
-    if (known != closure_bound_.end()) return known->second;
+    if (const int32_t* known = closure_bound_.find(u)) return *known;
     std::vector<int32_t> states{u};
     std::unordered_map<int32_t, int32_t> index{{u, 0}};
     std::vector<std::vector<int32_t>> from(1);  // per state, the states with a byte to it
@@ -1188,7 +1194,8 @@ int64_t ExprCore::closure_bound(int32_t u) {
             const auto [at, fresh] = index.try_emplace(next, static_cast<int32_t>(states.size()));
             if (fresh) {
                 if (states.size() == MAX_CLOSURE_STATES) {  // (the explored states too: see the twin)
-                    for (int32_t s : states) closure_bound_.emplace(s, -1);
+                    for (int32_t s : states)
+                        if (!closure_bound_.find(s)) closure_bound_.set(s, -1);
                     return -1;
                 }
                 states.push_back(next);
@@ -1209,7 +1216,8 @@ int64_t ExprCore::closure_bound(int32_t u) {
         for (int32_t j : from[i])
             if (dist[j] < 0) dist[j] = dist[i] + 1, queue.push_back(j);
     }
-    for (int32_t s : states) closure_bound_.emplace(s, bound);
+    for (int32_t s : states)  // (bound < MAX_CLOSURE_STATES: it fits the map's int32)
+        if (!closure_bound_.find(s)) closure_bound_.set(s, static_cast<int32_t>(bound));
     return bound;
 }
 

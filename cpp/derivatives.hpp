@@ -190,7 +190,7 @@ private:
     // e with each repetition's counts by rule(m, lo, hi) (false: give up, -1 returned), each
     // intersection clamped at clamp_at (-1: its members rebuilt alike); ExprTable._recount.
     template <class Rule>
-    int32_t recount(int32_t e, const Rule& rule, std::unordered_map<int32_t, int32_t>& memo, int64_t clamp_at);
+    int32_t recount(int32_t e, const Rule& rule, FlatMap& memo, int64_t clamp_at);
     int64_t closure_bound(int32_t u);  // the longest shortest completion over u's closure; -1 if too large
     void fill_row(int32_t s);
     void grow(size_t need);
@@ -221,13 +221,17 @@ private:
     std::vector<ByteSet> first_;
     std::vector<uint8_t> first_known_;
     std::unordered_set<int32_t> first_busy_;
-    std::vector<int32_t> classes_;  // index into class_sets_, -1 none
-    std::vector<std::vector<ByteSet>> class_sets_;
+    // Per expression, its byte classes in class_pool_ (offset, -1 none; count): one array for
+    // all, where a vector per expression cost a free each when a grown grammar was evicted.
+    std::vector<int32_t> classes_;
+    std::vector<uint16_t> class_count_;
+    std::vector<ByteSet> class_pool_;
     std::vector<double> min_, bound_;  // NaN unknown
     std::vector<int8_t> live_;         // -1 unknown
     std::vector<int32_t> unordered_body_;
-    std::unordered_map<int64_t, std::unordered_map<int32_t, int32_t>> clamped_;  // limit -> e -> clamped e
-    std::unordered_map<int32_t, int64_t> closure_bound_;
+    // Flat maps: thousands of entries per grammar, freed at once (see flat_map.hpp).
+    std::unordered_map<int64_t, FlatMap> clamped_;  // limit -> e -> clamped e
+    FlatMap closure_bound_;
     std::unordered_map<int32_t, int64_t> null_open_, class_open_;
     int64_t null_cut_, class_cut_;
 

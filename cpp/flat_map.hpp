@@ -26,6 +26,8 @@ public:
         }
     }
 
+    size_t size() const { return size_; }
+
     // Sets key's value (key >= 0).
     void set(int64_t key, int32_t value) {
         if ((size_ + 1) * 2 > slots_.size()) grow();  // load at most one half: short probes
