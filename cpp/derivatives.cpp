@@ -224,7 +224,7 @@ void ExprCore::end_work() {
 
 size_t ExprCore::estimated_bytes() const {
     size_t entries = closure_bound_.size();
-    for (const auto& [limit, memo] : clamped_) entries += memo.size();  // (few limits)
+    for (const auto& [limit, memo] : clamped_) entries += memo.size();
     return exprs_.size() * EXPR_BYTES + buffers_.capacity * ROW_BYTES + entries * ENTRY_BYTES;
 }
 

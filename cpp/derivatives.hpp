@@ -229,7 +229,8 @@ private:
     std::vector<double> min_, bound_;  // NaN unknown
     std::vector<int8_t> live_;         // -1 unknown
     std::vector<int32_t> unordered_body_;
-    // Flat maps: thousands of entries per grammar, freed at once (see flat_map.hpp).
+    // Flat maps, freed at once (see flat_map.hpp): each closure explored leaves up to
+    // MAX_CLOSURE_STATES bounds, and each clamp an entry per expression it rebuilt.
     std::unordered_map<int64_t, FlatMap> clamped_;  // limit -> e -> clamped e
     FlatMap closure_bound_;
     std::unordered_map<int32_t, int64_t> null_open_, class_open_;
