@@ -141,7 +141,7 @@ class ByteBudgetCache:
             self._nbytes += size
             if is_growing(value):
                 self._growing[key] = None
-            self._evict(room=size, most=len(self._entries))
+            self._evict(room=size)
 
     def settle(self) -> None:
         """Weigh ``SETTLE_REWEIGHS`` growing values again, then evict down to the limits, at most
@@ -159,23 +159,23 @@ class ByteBudgetCache:
 
     def _reweigh(self, most: int | None = None) -> None:
         """Weigh again the ``most`` least recently weighed growing values (None: all)."""
-        keys = list(self._growing) if most is None else list(itertools.islice(self._growing, most))
-        for key in keys:
+        for key in list(itertools.islice(self._growing, most)):
             del self._growing[key]
             self._growing[key] = None  # now the most recently weighed
             now = nbytes_of(self._entries[key])
             self._nbytes += now - self._sizes[key]
             self._sizes[key] = now
 
-    def _evict(self, room: int | None, most: int) -> None:
-        """Evict the oldest entries while over the limits, at most ``most`` of them, and over
-        ``max_bytes`` only until ``room`` bytes went (None: all the way down)."""
-        freed = 0
-        for _ in range(most):
+    def _evict(self, room: int | None, most: int | None = None) -> None:
+        """Evict the oldest entries while over the limits (at most ``most`` of them, None: no
+        bound), and over ``max_bytes`` only until ``room`` bytes went (None: all the way down)."""
+        freed = gone = 0
+        while self._entries and (most is None or gone < most):
             over_bytes = self.max_bytes is not None and self._nbytes > self.max_bytes and (room is None or freed < room)
             over_entries = self.max_entries is not None and len(self._entries) > self.max_entries
-            if not (over_bytes or over_entries) or not self._entries:
+            if not (over_bytes or over_entries):
                 return
+            gone += 1
             key = next(iter(self._entries))
             del self._entries[key]
             self._growing.pop(key, None)

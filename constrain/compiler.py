@@ -135,12 +135,12 @@ class GrammarCompiler:
     """Compiles constraints for vocabularies and owns the caches they share.
 
     ``max_cache_bytes`` bounds what the context keeps (compiled grammars, tries, shared walks);
-    past it the least recently used entries go (those that grew while masks were filled, at the
-    next compile). ``budget`` is the default ``CompileBudget`` of
-    each compile (10 s, 2 GiB); every ``compile_*`` also takes its own. Grammars it compiled keep
-    working after eviction or ``clear()``: the context only stops holding them. ``native``: the
-    automaton's core, C++ (``constrain._core``; None: where it is built) or, with False, its
-    Python reference twin (``constrain.derivatives`` and the numpy trie walks).
+    past it the least recently used entries go (what grammars grew while masks were filled, at
+    the next compile). ``budget`` is the default ``CompileBudget`` of each compile (10 s, 2 GiB);
+    every ``compile_*`` also takes its own. Grammars it compiled keep working after eviction or
+    ``clear()``: the context only stops holding them. ``native``: the automaton's core, C++
+    (``constrain._core``; None: where it is built) or, with False, its Python reference twin
+    (``constrain.derivatives`` and the numpy trie walks).
     """
 
     def __init__(self, *, max_cache_bytes: int = DEFAULT_CACHE_BYTES, budget: CompileBudget | None = None,
