@@ -48,6 +48,9 @@ MAX_WITNESS_BYTES = 64
 MAX_CLOSURE_STATES = 8192
 # Rounds of ``ExprTable._clamp_intersection``'s search for the counts that may go.
 MAX_CLAMP_ROUNDS = 4
+# References a structure signature looks through: a piece worth sharing names a rule or two (a
+# string's character), and the bound keeps a chain of thousands of rules off the Python stack.
+SIGNATURE_REFS = 8
 __all__ = ["DEFAULT_MAX_STATES", "ExprTable", "StateLimitError", "matches"]
 # The time and memory budgets are checked once per this many new expressions (and per new row).
 BUDGET_CHECK_EVERY = 256
@@ -357,6 +360,13 @@ class ExprTable:
         parts.append(e)
         return parts
 
+    def rule_body(self, rule: int) -> int:
+        """The expression a reference to ``rule`` expands to."""
+        if not 0 <= rule < len(self._rule_body):
+            raise IndexError(f"ExprTable.rule_body: no rule {rule}")
+        with self.lock:
+            return self._body(rule)
+
     def seq(self, a: int, b: int) -> int:
         with self.lock:
             return self._mk_seq(a, b)
@@ -508,7 +518,7 @@ class ExprTable:
 
     def signature(self, e: int) -> int | None:
         """An id of ``e``'s structure, equal across the grammars sharing ``self.signatures``;
-        None if it uses rules (see ``structure_signature``)."""
+        None if it uses a recursive rule (see ``structure_signature``)."""
         return structure_signature(self, e, self._sigs)
 
     def node(self, e: int) -> tuple[int, tuple]:
@@ -1181,33 +1191,44 @@ class Structure(Protocol):
 
     def node(self, e: int) -> tuple[int, tuple]: ...
     def spine(self, e: int) -> list[int]: ...
+    def rule_body(self, rule: int) -> int: ...
 
 
-def structure_signature(table: Structure, e: int, cache: dict[int, int | None]) -> int | None:
+def structure_signature(table: Structure, e: int, cache: dict[int, int | None], refs: int = 0) -> int | None:
     """An id of ``e``'s structure, equal across the grammars sharing ``table.signatures``; None
-    if it uses rules. ``cache`` holds the table's answers so far.
+    if it uses a recursive rule, an Unordered node or rules nested deeper than
+    ``SIGNATURE_REFS``. ``cache`` holds the table's answers so far; ``refs`` counts the
+    references open on the way to ``e``.
 
     Lets grammars share work on identical pieces (every JSON string body, number, key set of
-    every schema compiled for one vocabulary), as DESIGN.md asks of common terminals.
+    every schema compiled for one vocabulary), as DESIGN.md asks of common terminals. A reference
+    to a rule that does not recur has its body's id: the front ends name pieces such as a string's
+    character, and a name is no part of the language (a string of at most 20 characters walks the
+    whole vocabulary, ~2 ms on 131k tokens, once per context instead of once per grammar).
     """
     if e in cache:
         return cache[e]
     k, a = table.node(e)
-    if k in (K_REF, K_UNORDERED):
+    if k == K_REF:
+        if refs >= SIGNATURE_REFS:
+            return None  # not cached: a shallower path may still give it an id
+        cache[e] = None  # while the body is open: a reference back to it (a cycle) has no id
+        out = structure_signature(table, table.rule_body(a[0]), cache, refs + 1)
+    elif k == K_UNORDERED:
         out = None
     elif k == K_FRAME:
-        out = structure_signature(table, a[0], cache)  # frames are transparent
+        out = structure_signature(table, a[0], cache, refs)  # frames are transparent
     elif k in (K_ALT, K_AND):
-        members = [structure_signature(table, m, cache) for m in a[0]]
+        members = [structure_signature(table, m, cache, refs) for m in a[0]]
         out = None if None in members else table.signatures.intern((k, tuple(sorted(members))))
     elif k == K_SEQ:  # folded from the right along the spine, as if by recursion
-        parts = [structure_signature(table, m, cache) for m in table.spine(e)]
+        parts = [structure_signature(table, m, cache, refs) for m in table.spine(e)]
         out = parts.pop()
         while parts and out is not None:
             head = parts.pop()
             out = None if head is None else table.signatures.intern((k, head, out))
     elif k in (K_NOT, K_REPEAT):
-        child = structure_signature(table, a[0], cache)
+        child = structure_signature(table, a[0], cache, refs)
         out = None if child is None else table.signatures.intern((k, child, *a[1:]))
     else:
         out = table.signatures.intern((k, *a))

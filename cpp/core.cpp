@@ -503,6 +503,8 @@ void bind_expr_core(nb::module_& m) {
         .def("set_rule_lengths",
              [](ExprCore& c, const std::vector<double>& v) { locked(c, [&] { c.set_rule_lengths(v); }); })
         .def("ref", [](ExprCore& c, int32_t rule) { return locked(c, [&] { return c.ref(rule); }); })
+        .def("rule_body", [](ExprCore& c, int32_t rule) { return locked(c, [&] { return c.rule_body(rule); }); },
+             "rule"_a, "The expression a reference to ``rule`` expands to.")
         .def("release_source", [](ExprCore& c) {
                  constrain::IrSource reader = locked(c, [&] { return c.release_source(); });
              },  // (the reader, holding the IR, goes here: with the GIL)

@@ -651,6 +651,12 @@ IrSource ExprCore::release_source() {
     return std::exchange(source_, IrSource{});
 }
 
+int32_t ExprCore::rule_body(int32_t rule) {
+    if (rule < 0 || static_cast<size_t>(rule) >= rule_body_.size())
+        throw std::out_of_range("ExprCore.rule_body: no rule " + std::to_string(rule));
+    return body(rule);
+}
+
 int32_t ExprCore::body(int32_t rule) {
     if (rule_body_[rule] < 0) {
         if (ir_.rule_nodes[rule] < 0) {

@@ -129,6 +129,7 @@ public:
     const int64_t* args(int32_t e) const { return pool_.data() + exprs_[e].off; }
     uint32_t arg_count(int32_t e) const { return exprs_[e].len; }
     std::vector<int32_t> spine(int32_t e) const;
+    int32_t rule_body(int32_t rule);  // what a reference to `rule` expands to
 
     // Rows.
     void ensure_row(int32_t s);

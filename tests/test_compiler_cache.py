@@ -132,6 +132,31 @@ def test_walks_made_after_clear_never_serve_a_grammar_from_before() -> None:
         assert np.array_equal(got, want)
 
 
+def bounded_string(char_rule: str) -> ir.Grammar:
+    """``string_rule`` with at most 19 characters, the character a rule named ``char_rule``."""
+    char = ir.alt(ir.byte_set(b"abcdefghijklmnopqrstuvwxyz "), ir.seq(ir.literal("\\"), ir.byte_set(b"n")))
+    body = ir.seq(ir.literal('"'), ir.repeat(ir.ref(char_rule), 0, 19), ir.literal('"'))
+    return ir.Grammar({"start": ir.seq(ir.literal("{"), ir.ref("s"), ir.literal("}")), "s": body, char_rule: char})
+
+
+def test_a_head_using_a_rule_is_walked_once_for_grammars_naming_the_rule_apart() -> None:
+    """A rule's name is no part of the language: the head ``char{0,17} '"'`` walks the
+    vocabulary once per context, and the grammar that did not walk it gets a fresh twin's masks."""
+    vocab = gpt2()
+    compiler = constrain.GrammarCompiler()
+    a = compiler.compile_grammar(bounded_string("char"), vocab)
+    b = compiler.compile_grammar(bounded_string("letter"), vocab)
+    compiled = compiler.cache_entries
+    walk_masks(a, b'{"ab')
+    walked = compiler.cache_entries
+    assert walked > compiled  # the head walks went to the context
+    got = walk_masks(b, b'{"ab')
+    assert compiler.cache_entries == walked  # and served the other grammar
+    twin = constrain.GrammarCompiler().compile_grammar(bounded_string("letter"), vocab)
+    for mask, want in zip(got, walk_masks(twin, b'{"ab'), strict=True):
+        assert np.array_equal(mask, want)
+
+
 def test_module_functions_use_the_replaceable_default(byte_vocab) -> None:
     previous = constrain.get_default_compiler()
     held = previous.cache_entries

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from support.walks import expressions
 
-from constrain.derivatives import ExprTable, matches
+from constrain.cache import Signatures
+from constrain.derivatives import SIGNATURE_REFS, ExprTable, matches
 from constrain.grammars import ir
 
 ALPHABET = b"ab"
@@ -175,3 +176,29 @@ def test_exact_rule_lengths_measure_only_the_bounded_rules_again(source) -> None
     assert again.lengths == rule_min_lengths(grammar.rules, table._exact_min) == table._rule_min
     assert grammar.rule_lengths.bounded, "no rule took a bound: nothing was measured again"
     assert not again.bounded
+
+
+def chain(n: int, name: str) -> ir.Grammar:
+    """``a{n-1} z`` as ``n`` rules named ``name0`` .. , each referring to the next."""
+    rules: dict[str, ir.Node] = {"start": ir.ref(f"{name}0")}
+    for i in range(n):
+        rules[f"{name}{i}"] = ir.seq(ir.literal("a"), ir.ref(f"{name}{i + 1}")) if i < n - 1 else ir.literal("z")
+    return ir.Grammar(rules)
+
+
+def test_a_rule_that_does_not_recur_has_its_bodys_signature() -> None:
+    signatures = Signatures()
+    x, y, longer = (ExprTable(g, signatures=signatures) for g in (chain(3, "x"), chain(3, "y"), chain(4, "x")))
+    assert x.signature(x.start) is not None
+    assert x.signature(x.start) == y.signature(y.start) != longer.signature(longer.start)
+
+
+def test_a_recursive_rule_or_a_long_chain_of_rules_has_no_signature() -> None:
+    nested = ir.Grammar({"start": ir.alt(ir.seq(ir.literal("("), ir.ref("start"), ir.literal(")")), ir.literal("x"))})
+    table = ExprTable(nested)
+    assert table.signature(table.start) is None
+    assert table.signature(table.step_bytes(table.start, b"(")) is None
+    deep = ExprTable(chain(3000, "r"))  # no RecursionError: references past SIGNATURE_REFS go unread
+    assert deep.signature(deep.start) is None
+    assert deep.signature(deep.step_bytes(deep.start, b"a" * (3000 - SIGNATURE_REFS // 2))) is not None
+
