@@ -1218,14 +1218,22 @@ def structure_signature(table: Structure, e: int, cache: dict[int, int | None], 
         out = None
     elif k == K_FRAME:
         out = structure_signature(table, a[0], cache, refs)  # frames are transparent
-    elif k in (K_ALT, K_AND):
-        members = [structure_signature(table, m, cache, refs) for m in a[0]]
-        out = None if None in members else table.signatures.intern((k, tuple(sorted(members))))
+    elif k in (K_ALT, K_AND):  # (the first member without an id ends the search)
+        members = []
+        for m in a[0]:
+            got = structure_signature(table, m, cache, refs)
+            if got is None:
+                break
+            members.append(got)
+        else:
+            out = table.signatures.intern((k, tuple(sorted(members))))
+        if len(members) < len(a[0]):
+            out = None
     elif k == K_SEQ:  # folded from the right along the spine, as if by recursion
-        parts = [structure_signature(table, m, cache, refs) for m in table.spine(e)]
-        out = parts.pop()
+        parts = table.spine(e)
+        out = structure_signature(table, parts.pop(), cache, refs)
         while parts and out is not None:
-            head = parts.pop()
+            head = structure_signature(table, parts.pop(), cache, refs)
             out = None if head is None else table.signatures.intern((k, head, out))
     elif k in (K_NOT, K_REPEAT):
         child = structure_signature(table, a[0], cache, refs)
