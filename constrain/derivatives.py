@@ -371,6 +371,11 @@ class ExprTable:
         with self.lock:
             return self._mk_seq(a, b)
 
+    def alt(self, items: Sequence[int]) -> int:
+        """The union of ``items`` (no items: the empty language)."""
+        with self.lock:
+            return self._mk_alt(items)
+
     def clamp(self, e: int, limit: int) -> int:
         """``e`` with each repetition count that a token of at most ``limit`` bytes cannot reach
         made unbounded, and each minimum cut to that reach.

@@ -558,6 +558,11 @@ void bind_expr_core(nb::module_& m) {
             const int32_t x = checked(c, a, "seq"), y = checked(c, b, "seq");
             return locked(c, [&] { return c.seq(x, y); });
         })
+        .def("alt", [](ExprCore& c, const std::vector<int64_t>& items) {
+            std::vector<int32_t> members;
+            for (int64_t e : items) members.push_back(checked(c, e, "alt"));
+            return locked(c, [&] { return c.alt(members); });
+        }, "items"_a, "The union of ``items`` (no items: the empty language).")
         .def("alternatives", [](ExprCore& c, int64_t e) -> nb::object {
             const int32_t s = checked(c, e, "alternatives");
             std::vector<int32_t> out;

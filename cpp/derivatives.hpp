@@ -120,6 +120,7 @@ public:
     bool is_live(int32_t e);
     int32_t clamp(int32_t e, int64_t limit);
     int32_t seq(int32_t a, int32_t b) { return mk_seq(a, b); }
+    int32_t alt(const std::vector<int32_t>& items) { return mk_alt(items); }
     bool alternatives(int32_t e, std::vector<int32_t>& out);
     int32_t step_bytes(int32_t e, const uint8_t* data, size_t n);
     std::string forced_bytes(int32_t e, size_t max_bytes);

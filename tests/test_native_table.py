@@ -270,3 +270,19 @@ def test_a_compiled_grammar_lets_go_of_its_ir() -> None:
     for doc, ok in ((b'{"a":3,"b":[4,5]}', True), (b'{"a":2}', False), (b'{"b":[3]}', False)):
         m = compiled.matcher()
         assert (m.accept_bytes(doc) and m.is_accepting()) == ok, doc
+
+
+def test_alt_is_the_union_of_its_members_in_both_twins() -> None:
+    """``alt`` (what a union mask walks its keys with) accepts what any member accepts, alike in
+    both tables; no members: nothing."""
+    grammar = ir.Grammar.of(ir.alt(ir.literal("ab"), ir.literal("bab"), ir.repeat(ir.literal("a"), 2, 3)))
+    for table in twins(grammar):
+        members = [table.step_bytes(table.start, b"a"), table.step_bytes(table.start, b"b")]
+        union = table.alt(members)
+        for n in range(5):
+            for s in itertools.product(b"ab", repeat=n):
+                data = bytes(s)
+                want = any(m and (x := table.step_bytes(m, data)) and table.nullable(x) for m in members)
+                got = table.step_bytes(union, data)
+                assert bool(got and table.nullable(got)) == want, (type(table).__name__, data)
+        assert not table.is_live(table.alt([]))
