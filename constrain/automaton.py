@@ -201,7 +201,7 @@ class TokenAutomaton:
         bytes (the rest of each key, beside a pattern's or any key's member) are walked together.
         """
         table = self.table
-        if table.first_bytes(state).bit_count() < MIN_SPLIT_BYTES:
+        if self._narrow(state):
             return None
         members = table.alternatives(state)
         if members is None or len(members) > MAX_UNION_MEMBERS or not any([table.is_framed(m) for m in members]):
@@ -215,7 +215,7 @@ class TokenAutomaton:
             got = self._masks.get(m)
             if got is None:
                 halves = table.split(m)
-                if halves is not None and table.first_bytes(halves[0]).bit_count() < MIN_SPLIT_BYTES:
+                if halves is not None and self._narrow(halves[0]):
                     keys.append(m)
                     continue
                 parts = self._split_parts(m)
@@ -228,6 +228,10 @@ class TokenAutomaton:
         if keys:  # (Github_ultra/o13934: 165 keys beside a pattern's, 27 ms one by one)
             np.bitwise_or(out, self.walker.mask(table.alt(keys)), out=out)
         return self._with_stops(out, self.is_accepting(state))
+
+    def _narrow(self, e: int) -> bool:
+        """Whether ``e`` starts with fewer than ``MIN_SPLIT_BYTES`` bytes: its walk meets few tokens."""
+        return self.table.first_bytes(e).bit_count() < MIN_SPLIT_BYTES
 
     def _split_mask(self, state: int) -> np.ndarray | None:
         """Mask of ``head tail`` from a walk of ``head`` that is shared by every tail (see
@@ -256,7 +260,7 @@ class TokenAutomaton:
         head, tail = parts
         if table.is_byte_set(head):  # a literal's next byte: the plain walk is already tiny
             return None
-        if table.first_bytes(head).bit_count() < MIN_SPLIT_BYTES and head not in self._narrow_seen:
+        if self._narrow(head) and head not in self._narrow_seen:
             self._narrow_seen[head] = None  # a narrow head met once: the plain walk (no signature either)
             return None
         sig = table.signature(head)

@@ -1230,10 +1230,7 @@ def structure_signature(table: Structure, e: int, cache: dict[int, int | None], 
             if got is None:
                 break
             members.append(got)
-        else:
-            out = table.signatures.intern((k, tuple(sorted(members))))
-        if len(members) < len(a[0]):
-            out = None
+        out = table.signatures.intern((k, tuple(sorted(members)))) if len(members) == len(a[0]) else None
     elif k == K_SEQ:  # folded from the right along the spine, as if by recursion
         parts = table.spine(e)
         out = structure_signature(table, parts.pop(), cache, refs)
