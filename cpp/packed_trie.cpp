@@ -72,6 +72,10 @@ PackedTrie::PackedTrie(const std::vector<std::string_view>& token_bytes)
     }
     close_below(0);
     nodes_[0].size_depth = static_cast<uint32_t>(nodes_.size()) << 8;
+    for (size_t c = 1; c < nodes_.size(); c += nodes_[c].subtree_size()) {
+        root_child_[nodes_[c].byte()] = static_cast<uint32_t>(c);
+        root_end_[nodes_[c].byte()] = static_cast<uint32_t>(c + nodes_[c].subtree_size());
+    }
 }
 
 Slice PackedTrie::make_slice(const std::vector<int8_t>& next) const {

@@ -196,6 +196,18 @@ private:
         return true;
     }
 
+    // `walk(begin, end)` over the subtrees of the root's children whose byte leads `start` to a
+    // live state, in node order (what a walk of the whole range visits, less the dead children).
+    template <class WalkFn>
+    void walk_live_roots(int32_t start, const RowTable& table, WalkFn&& walk) const {
+        uint32_t live[256];
+        int n = 0;
+        const int32_t* row = table.rows + static_cast<size_t>(start) * 256;
+        for (int b = 0; b < 256; ++b)
+            if (root_child_[b] != 0 && row[b] != 0) live[n++] = root_child_[b];
+        for (int i = 0; i < n; ++i) walk(live[i], live[i] + nodes_[live[i]].subtree_size());
+    }
+
     // A visit that sets the bits of a node's tokens (none, one, or a duplicate group) in `words`.
     auto bit_setter(uint32_t* words) const {
         return [this, words](uint32_t tok, int32_t) {
@@ -213,6 +225,11 @@ private:
     std::vector<TrieNode> nodes_;
     std::vector<uint32_t> group_start_;  // duplicate group g: group_tokens_[group_start_[g] .. [g+1])
     std::vector<int32_t> group_tokens_;
+    // The root's child of each byte (0: none). A walk enters only the children its start keeps
+    // alive: the 256 children lie far apart in the node array, a cache miss each at a cold start
+    // (most of a narrow state's mask, a key's quote).
+    uint32_t root_child_[256] = {};
+    uint32_t root_end_[256] = {};  // ... and the end of its subtree
     uint32_t n_ids_ = 0;
     size_t n_tokens_ = 0;
     uint32_t max_depth_ = 0;
@@ -283,7 +300,9 @@ WalkResult PackedTrie::walk(int32_t start, RowTable table, Fill&& fill) const {
     int32_t stack[MAX_DEPTH + 1];
     stack[0] = start;
     if (!table.has_row(start)) table = fill(start);
-    walk_range<false>(1, nodes_.size(), stack, table, fill, visit, none);
+    walk_live_roots(start, table, [&](size_t begin, size_t end) {
+        walk_range<false>(begin, end, stack, table, fill, visit, none);
+    });
     out.size = k;
     out.shrink_to(n_tokens_);
     return out;
@@ -385,19 +404,27 @@ void PackedTrie::mask(int32_t start, RowTable table, Fill&& fill, uint32_t* word
         else
             walk_range<true>(begin, end, stack, table, fill, visit, enter, skip);
     };
+    // The root's children: the live ones, or every one where the start may end (a head walk
+    // records each node entered from it, dead or not, as a place to cross into the tail).
+    auto walk_roots = [&](auto&& skip) {
+        if (ends != nullptr && table.nullable[start])
+            walk(1, nodes_.size(), skip);
+        else
+            walk_live_roots(start, table, [&](size_t begin, size_t end) { walk(begin, end, skip); });
+    };
     if (through.slice == nullptr) {
-        walk(1, nodes_.size(), NoSkip{});
+        walk_roots(NoSkip{});
         return;
     }
     const Slice& slice = *through.slice;
     const auto& tn = slice.token_nodes;
-    auto tokens_below = [&](size_t node) {  // the positions in token_nodes of the tokens below node
+    auto tokens_below = [&](size_t node, size_t end) {  // the positions in token_nodes of the tokens below node
         const auto lo = std::lower_bound(tn.begin(), tn.end(), static_cast<int32_t>(node + 1)) - tn.begin();
-        const auto hi = std::lower_bound(tn.begin() + lo, tn.end(), static_cast<int32_t>(node + nodes_[node].subtree_size()));
+        const auto hi = std::lower_bound(tn.begin() + lo, tn.end(), static_cast<int32_t>(end));
         return std::pair<size_t, size_t>(lo, hi - tn.begin());
     };
-    auto mark_tokens_below = [&](size_t node, bool set) {  // set (or clear) the bits of the slice's tokens below node
-        const auto [lo, hi] = tokens_below(node);
+    auto mark_tokens_below = [&](size_t node, size_t end, bool set) {  // set (or clear) the bits of the slice's tokens below node
+        const auto [lo, hi] = tokens_below(node, end);
         for (size_t i = lo; i < hi; ++i) {
             const auto t = static_cast<uint32_t>(slice.token_ids[i]);
             words[t >> 5] = set ? words[t >> 5] | 1u << (t & 31) : words[t >> 5] & ~(1u << (t & 31));
@@ -406,9 +433,9 @@ void PackedTrie::mask(int32_t start, RowTable table, Fill&& fill, uint32_t* word
     // Below a node entered in the real state of a region state: its tokens that keep to the region
     // (unless the slice's words hold them), and the exits walked from their parents' real states.
     auto below = [&](size_t node, bool tokens) {
-        if (tokens) mark_tokens_below(node, true);
-        const auto& ex = slice.exits;
         const auto end = static_cast<int32_t>(node + nodes_[node].subtree_size());
+        if (tokens) mark_tokens_below(node, static_cast<size_t>(end), true);
+        const auto& ex = slice.exits;
         for (size_t i = std::lower_bound(ex.begin(), ex.end(), static_cast<int32_t>(node + 1)) - ex.begin();
              i < ex.size() && ex[i] < end; ++i) {
             const auto x = static_cast<size_t>(ex[i]);
@@ -445,22 +472,23 @@ void PackedTrie::mask(int32_t start, RowTable table, Fill&& fill, uint32_t* word
     // Another state: the root's children entered in a region state are skipped. When their tokens
     // are most of the slice's, they come as the slice's token words with the other children's
     // tokens cleared (those children are walked) rather than one by one.
-    auto skipped = [&](size_t c) {
-        return table.rows[static_cast<size_t>(start) * 256 + nodes_[c].byte()] == through.real[slice.first_state(nodes_[c].byte())];
+    // (By byte, through root_child_ and root_end_: the children's own nodes lie far apart.)
+    auto skipped = [&](int b) {
+        return table.rows[static_cast<size_t>(start) * 256 + b] == through.real[slice.first_state(static_cast<uint8_t>(b))];
     };
     size_t inside = 0;
-    for (size_t c = 1; c < nodes_.size(); c += nodes_[c].subtree_size()) {
-        if (!skipped(c)) continue;
-        const auto [lo, hi] = tokens_below(c);
+    for (int b = 0; b < 256; ++b) {
+        if (root_child_[b] == 0 || !skipped(b)) continue;
+        const auto [lo, hi] = tokens_below(root_child_[b], root_end_[b]);
         inside += hi - lo;
     }
     complement = inside * 2 > tn.size();
     if (complement) {
         for (size_t i = 0; i < slice.token_words.size(); ++i) words[i] |= slice.token_words[i];
-        for (size_t c = 1; c < nodes_.size(); c += nodes_[c].subtree_size())
-            if (!skipped(c)) mark_tokens_below(c, false);
+        for (int b = 0; b < 256; ++b)
+            if (root_child_[b] != 0 && !skipped(b)) mark_tokens_below(root_child_[b], root_end_[b], false);
     }
-    walk(1, nodes_.size(), skip);
+    walk_roots(skip);
 }
 
 template <class Fill>
