@@ -200,12 +200,12 @@ private:
     // live state, in node order (what a walk of the whole range visits, less the dead children).
     template <class WalkFn>
     void walk_live_roots(int32_t start, const RowTable& table, WalkFn&& walk) const {
-        uint32_t live[256];
+        uint8_t live[256];  // (read off the start's row before any walk: a walk may reallocate the table)
         int n = 0;
         const int32_t* row = table.rows + static_cast<size_t>(start) * 256;
         for (int b = 0; b < 256; ++b)
-            if (root_child_[b] != 0 && row[b] != 0) live[n++] = root_child_[b];
-        for (int i = 0; i < n; ++i) walk(live[i], live[i] + nodes_[live[i]].subtree_size());
+            if (root_child_[b] != 0 && row[b] != 0) live[n++] = static_cast<uint8_t>(b);
+        for (int i = 0; i < n; ++i) walk(root_child_[live[i]], root_end_[live[i]]);
     }
 
     // A visit that sets the bits of a node's tokens (none, one, or a duplicate group) in `words`.
