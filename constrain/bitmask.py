@@ -70,12 +70,11 @@ def write_row(bitmask: torch.Tensor | np.ndarray, index: int, words: np.ndarray)
             device_row[n:].zero_()
             return
         if _core is not None:
-            if bitmask.is_contiguous():  # (rows of shape[1] words: one check cheaper than stride())
-                _core.write_row(bitmask.data_ptr() + 4 * shape[1] * index, shape[1], words)
-                return
-            stride = bitmask.stride()
-            if stride[1] == 1:
-                _core.write_row(bitmask.data_ptr() + 4 * stride[0] * index, shape[1], words)
+            # Words from one row to the next: shape[1] (is_contiguous, cheaper than stride()), or a
+            # view's row stride where its words are adjacent (None: numpy writes the row).
+            step = shape[1] if bitmask.is_contiguous() else _row_step(bitmask.stride())
+            if step is not None:
+                _core.write_row(bitmask.data_ptr() + 4 * step * index, shape[1], words)
                 return
         row: np.ndarray = bitmask.numpy()[index]
     elif isinstance(bitmask, np.ndarray):
@@ -99,6 +98,11 @@ def _torch_types() -> tuple[Any, Any, Any] | None:
     if torch_ is not None:
         _TORCH = (torch_.Tensor, torch_.int32, torch_)
     return _TORCH
+
+
+def _row_step(stride: tuple[int, ...]) -> int | None:
+    """A row-contiguous view's row stride in words, None where a row's words are apart."""
+    return stride[0] if stride[1] == 1 else None
 
 
 def _row_index(shape: tuple[int, ...], index: int, n_words: int) -> int:
