@@ -15,17 +15,20 @@ import bisect
 import threading
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from constrain.cache import ByteBudgetCache
 from constrain.derivatives import NOTHING, ExprTable
 from constrain.token_trie import TokenTrie
-from constrain.walkers import NativeWalker, NumpyWalker, pack_tokens
+from constrain.walkers import HeadWalk, NativeWalker, NumpyWalker, pack_tokens
 
 DEFAULT_MASK_CACHE = 4096
 # A union state is masked member by member (each member's head walk cached) up to this many.
 MAX_UNION_MEMBERS = 512
+# ... and a union of unions of framed members (``_frames_mask``) up to this many (frame, tail) pairs.
+MAX_FRAME_PAIRS = 4096
 
 MAX_FORCED_BYTES = 4096
 
@@ -66,6 +69,20 @@ class LongTokens:
         if not np.any(lengths > limit):
             return cls(limit, longest, short, None)
         return cls(limit, longest, short, TokenTrie([b if b and len(b) > limit else None for b in token_bytes]))
+
+
+class _Walked(NamedTuple):
+    """A head's cached walk, with the cache and key it lives under (crossings are cached beside it)."""
+
+    head: int
+    walk: HeadWalk
+    cache: ByteBudgetCache
+    key: tuple[Hashable, ...]
+
+    @property
+    def words(self) -> np.ndarray:
+        """The tokens allowed within the head (shared: never changed)."""
+        return self.walk[0]
 
 
 class TokenAutomaton:
@@ -204,8 +221,10 @@ class TokenAutomaton:
         if self._narrow(state):
             return None
         members = table.alternatives(state)
-        if members is None or len(members) > MAX_UNION_MEMBERS or not any([table.is_framed(m) for m in members]):
+        if members is None or len(members) > MAX_UNION_MEMBERS:
             return None
+        if not any([table.is_framed(m) for m in members]):
+            return self._frames_mask(state, members)
         out = np.zeros(self.n_words, dtype=np.int32)
         keys = []  # members whose head starts with few bytes (the rest of a key): walked together
         for m in members:
@@ -263,25 +282,95 @@ class TokenAutomaton:
         if self._narrow(head) and head not in self._narrow_seen:
             self._narrow_seen[head] = None  # a narrow head met once: the plain walk (no signature either)
             return None
+        walked = self._head_walk(head)
+        crossed = self._crossed(walked, tail)
+        return (walked.words,) if crossed is None else (walked.words, crossed)
+
+    def _head_walk(self, head: int) -> _Walked:
+        """The walk of ``head`` alone, cached: per grammar, or per structure signature in the
+        shared cache (every grammar of the vocabulary)."""
+        table, walker = self.table, self.walker
         sig = table.signature(head)
         heads: ByteBudgetCache
         key: tuple[Hashable, ...]
-        walker = self.walker
         if sig is None:
             heads, key = self._heads, (head,)
         else:  # the signature table is part of the key: its ids mean nothing to another table
             heads, key = self.shared, ("head", self._vocab_key, walker.kind, table.signatures, sig)
-        walked = heads.get_or_make(key, lambda: walker.head(head))
+        return _Walked(head, heads.get_or_make(key, lambda: walker.head(head)), heads, key)
+
+    def _crossed(self, walked: _Walked, tail: int) -> np.ndarray | None:
+        """The words of the tokens that cross from ``walked``'s head into ``tail`` (the subtrees
+        below the crossing nodes, walked from the real states there); None where none can."""
+        table, walker, head, key = self.table, self.walker, walked.head, walked.key
+        if not len(walked.walk[1]):  # (a key's literal: no token crosses into what follows)
+            return None
         first = table.first_bytes(tail)
-        nodes, group = heads.get_or_make((*key, first), lambda: walker.crossings(walked, first))
-        inside, _, _, paths = walked
+        nodes, group = walked.cache.get_or_make((*key, first), lambda: walker.crossings(walked.walk, first))
         if not len(nodes):
-            return (inside,)
+            return None
         # The head's states at the crossing nodes' parents, in this grammar's table (a shared walk
         # may come from another grammar).
+        paths = walked.walk[3]
         starts = self._head_states.get_or_make(key, lambda: tuple(table.derive_bytes(head, path) for path in paths))
         parents = np.array([table.seq(h, tail) for h in starts], dtype=np.int32)
-        return inside, walker.below(nodes, parents[group])
+        return walker.below(nodes, parents[group])
+
+    def _frames_mask(self, state: int, members: Sequence[int]) -> np.ndarray | None:
+        """Mask of a union of unions of framed members, each under its own tail (an object's
+        members in any order under each branch of an ``anyOf``, ``if``/``then`` or
+        ``dependencies``: ``({k1 ...|k2 ...} "}") | ({k1 ...|k3 ...} "}") ...``), from one head
+        walk per distinct frame; None where the state is not such a union.
+
+        The same frames recur under every branch with other remainders, and a walk of the union
+        derives each (key prefix, branch) pair: after ``{"`` of a 45-key manifest schema with 9
+        branches, 10,851 new expressions and 16-24 ms. A frame's head walk is shared by every
+        branch and every later state of the object, and a tail is built only where a token can
+        cross into it. Taken where frames recur (at least two members per frame); a union of
+        distinct framed members is ``_union_mask``'s.
+        """
+        table = self.table
+        first = table.split(members[0])
+        if first is None or table.alternatives(first[0]) is None:
+            return None  # (the usual union: no member is a union under a tail)
+        frames: dict[int, list[tuple[int, ...]]] = {}  # frame -> its tails, innermost first
+        work: list[tuple[int, tuple[int, ...]]] = [(m, ()) for m in members]
+        pairs = 0
+        while work:
+            e, tails = work.pop()
+            inner = table.alternatives(e)
+            if inner is not None:
+                work += [(m, tails) for m in inner]
+                continue
+            parts = table.split(e)
+            if parts is None:
+                return None
+            head, tail = parts
+            if table.is_framed(e):
+                frames.setdefault(head, []).append((tail, *tails))
+            elif table.alternatives(head) is not None:
+                work.append((head, (tail, *tails)))
+            else:
+                return None
+            pairs += 1
+            if pairs > MAX_FRAME_PAIRS:
+                return None
+        if pairs < 2 * len(frames):
+            return None
+        out = np.zeros(self.n_words, dtype=np.int32)
+        for head, chains in frames.items():
+            walked = self._head_walk(head)
+            np.bitwise_or(out, walked.words, out=out)
+            if not len(walked.walk[1]):
+                continue  # (no token crosses into any of its tails)
+            for chain in chains:
+                tail = chain[-1]
+                for inner_tail in reversed(chain[:-1]):
+                    tail = table.seq(inner_tail, tail)
+                crossed = self._crossed(walked, tail)
+                if crossed is not None:
+                    np.bitwise_or(out, crossed, out=out)
+        return self._with_stops(out, self.is_accepting(state))
 
     def transitions(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         """Every allowed non-stop token of ``state`` and the state each one leads to."""

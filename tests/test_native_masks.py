@@ -260,6 +260,33 @@ def test_union_masks_of_members_inside_a_frame() -> None:
     assert framed, "no union inside a frame was masked member by member"
 
 
+def test_frame_masks_of_members_under_branches() -> None:
+    """An object's members in any order under each branch of an ``anyOf`` (the same key frames
+    under every branch, each with its own remainder): masked from one head walk per frame, equal
+    to a walk of the whole union and to the twin's, after any members."""
+    schema = {"type": "object", "properties": {k: {"type": t} for k, t in
+                                               [("alpha", "integer"), ("alps", "string"), ("beta", "boolean"),
+                                                ("gamma", "array"), ("delta", "null")]},
+              "anyOf": [{"required": ["alpha"]}, {"required": ["beta"]}, {"required": ["gamma", "delta"]}],
+              "additionalProperties": {"type": "integer"}}
+    native, twin = twins(GrammarCompiler().compile_json_schema(schema, tekken()))
+    framed = 0
+    for doc in (b'{"alps":"x y","zz":1,"beta":true,"delta":null,"alpha":7}',
+                b'{"gamma":[1,"a"],"q":2,"delta":null,"alps":""}'):
+        assert feed(native, twin, doc) > 10
+        state = native.initial_state
+        for byte in doc:
+            state = int(native.table.row(state)[byte])
+            members = native.table.alternatives(state)
+            got = native._frames_mask(state, members) if members else None
+            if got is not None:
+                framed += 1
+                full = native._with_stops(native.walker.mask(state), native.is_accepting(state))
+                assert np.array_equal(got, full)
+                assert np.array_equal(twin._frames_mask(state, twin.table.alternatives(state)), full)
+    assert framed >= 4, "the frames path was never taken"
+
+
 def test_masks_from_many_threads_agree() -> None:
     """Split masks of a fresh grammar from four threads at once (rows filled while other walks run
     without the GIL) equal the twin's."""
