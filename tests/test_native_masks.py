@@ -300,3 +300,28 @@ def test_masks_from_many_threads_agree() -> None:
         got = list(pool.map(native.mask, states * 3))
     for state, words in zip(states * 3, got):
         assert np.array_equal(words, twin.mask(state))
+
+
+def test_key_masks_from_the_frames_alone() -> None:
+    """An object's next key (a union of key frames, each before the object's remainder, that starts
+    with few bytes): masked from one walk of the frames together, equal to a walk of the whole
+    union and to the twin's, whichever keys are left."""
+    keys = ["alpha", "alps", "beta", "gamma", "delta", "deltoid", "epsilon", "zeta", "a"]
+    schema = {"type": "object", "properties": {k: {"type": ["integer", "string"]} for k in keys},
+              "additionalProperties": False}
+    native, twin = twins(GrammarCompiler().compile_json_schema(schema, tekken()))
+    walked = 0
+    for doc in (b'{"gamma":1,"alps":"x","a":2,"deltoid":"","zeta":3,"alpha":"y"}',
+                b'{"a":"1","alpha":7,"delta":0,"beta":"b","epsilon":5}'):
+        assert feed(native, twin, doc) > 10
+        state = native.initial_state
+        for byte in doc:
+            state = int(native.table.row(state)[byte])
+            members = native.table.alternatives(state)
+            if members and native._narrow(state) and all(native.table.is_framed(m) for m in members):
+                walked += 1
+                full = native._with_stops(native.walker.mask(state), native.is_accepting(state))
+                for automaton in (native, twin):
+                    got = automaton._keys_words(members)
+                    assert np.array_equal(automaton._with_stops(got, automaton.is_accepting(state)), full)
+    assert walked >= 10, "no key union was met"
