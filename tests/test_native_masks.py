@@ -9,6 +9,7 @@ import ast
 import gzip
 import json
 import random
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -92,6 +93,20 @@ def feed(native: TokenAutomaton, twin: TokenAutomaton, data: bytes) -> int:
         i = j
     check_mask(native, twin, state)
     return seen + 1
+
+
+def unions_along(native: TokenAutomaton, twin: TokenAutomaton,
+                 docs: tuple[bytes, ...]) -> Iterator[tuple[int, tuple[int, ...], np.ndarray]]:
+    """Feed each of ``docs`` through both twins (``feed``), then yield the byte-level states along it
+    that are unions: the state, its members and the mask of one walk of the whole union."""
+    for doc in docs:
+        assert feed(native, twin, doc) > 10
+        state = native.initial_state
+        for byte in doc:
+            state = int(native.table.row(state)[byte])
+            members = native.table.alternatives(state)
+            if members:
+                yield state, members, native._with_stops(native.walker.mask(state), native.is_accepting(state))
 
 
 def head_summary(walker: NativeWalker | NumpyWalker, walked: HeadWalk, table, head: int) -> tuple:
@@ -271,19 +286,13 @@ def test_frame_masks_of_members_under_branches() -> None:
               "additionalProperties": {"type": "integer"}}
     native, twin = twins(GrammarCompiler().compile_json_schema(schema, tekken()))
     framed = 0
-    for doc in (b'{"alps":"x y","zz":1,"beta":true,"delta":null,"alpha":7}',
-                b'{"gamma":[1,"a"],"q":2,"delta":null,"alps":""}'):
-        assert feed(native, twin, doc) > 10
-        state = native.initial_state
-        for byte in doc:
-            state = int(native.table.row(state)[byte])
-            members = native.table.alternatives(state)
-            got = native._frames_mask(state, members) if members else None
-            if got is not None:
-                framed += 1
-                full = native._with_stops(native.walker.mask(state), native.is_accepting(state))
-                assert np.array_equal(got, full)
-                assert np.array_equal(twin._frames_mask(state, twin.table.alternatives(state)), full)
+    for state, members, full in unions_along(native, twin, (b'{"alps":"x y","zz":1,"beta":true,"delta":null,"alpha":7}',
+                                                            b'{"gamma":[1,"a"],"q":2,"delta":null,"alps":""}')):
+        got = native._frames_mask(state, members)
+        if got is not None:
+            framed += 1
+            assert np.array_equal(got, full)
+            assert np.array_equal(twin._frames_mask(state, members), full)
     assert framed >= 4, "the frames path was never taken"
 
 
@@ -311,17 +320,11 @@ def test_key_masks_from_the_frames_alone() -> None:
               "additionalProperties": False}
     native, twin = twins(GrammarCompiler().compile_json_schema(schema, tekken()))
     walked = 0
-    for doc in (b'{"gamma":1,"alps":"x","a":2,"deltoid":"","zeta":3,"alpha":"y"}',
-                b'{"a":"1","alpha":7,"delta":0,"beta":"b","epsilon":5}'):
-        assert feed(native, twin, doc) > 10
-        state = native.initial_state
-        for byte in doc:
-            state = int(native.table.row(state)[byte])
-            members = native.table.alternatives(state)
-            if members and native._narrow(state) and all(native.table.is_framed(m) for m in members):
-                walked += 1
-                full = native._with_stops(native.walker.mask(state), native.is_accepting(state))
-                for automaton in (native, twin):
-                    got = automaton._keys_words(members)
-                    assert np.array_equal(automaton._with_stops(got, automaton.is_accepting(state)), full)
+    for state, members, full in unions_along(native, twin, (b'{"gamma":1,"alps":"x","a":2,"deltoid":"","zeta":3,"alpha":"y"}',
+                                                            b'{"a":"1","alpha":7,"delta":0,"beta":"b","epsilon":5}')):
+        if native._narrow(state) and all(native.table.is_framed(m) for m in members):
+            walked += 1
+            for automaton in (native, twin):
+                got = automaton._keys_words(members)
+                assert np.array_equal(automaton._with_stops(got, automaton.is_accepting(state)), full)
     assert walked >= 10, "no key union was met"
