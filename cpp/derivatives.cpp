@@ -334,7 +334,8 @@ int32_t ExprCore::mk_seq(int32_t a, int32_t b) {
     if (a == EMPTY) return b;
     if (b == EMPTY) return a;
     if (kind(a) == K_SEQ) {  // keep sequences right-nested: (x y) z -> x (y z)
-        std::vector<int32_t> parts = spine(a);
+        InlineVec<int32_t, 16> parts;
+        spine_into(a, parts);
         b = mk_seq(parts.back(), b);
         for (size_t i = parts.size() - 1; i-- > 0;) b = mk_seq(parts[i], b);
         return b;
@@ -347,12 +348,14 @@ int32_t ExprCore::mk_seq(int32_t a, int32_t b) {
     return out;
 }
 
-int32_t ExprCore::mk_alt(const std::vector<int32_t>& items) {
-    if (items.size() == 1 && kind(items[0]) != K_ALT) return items[0];
-    std::vector<int32_t> flat;
+int32_t ExprCore::mk_alt(const int32_t* items, size_t n) {
+    if (n == 1 && kind(items[0]) != K_ALT) return items[0];
+    InlineVec<int32_t, 16> flat;
     ByteSet mask{};
-    for (int32_t i : items)
-        for (int32_t p : kind(i) == K_ALT ? members(i) : std::vector<int32_t>{i}) {
+    for (size_t i = 0; i < n; ++i) {
+        const bool nested = kind(items[i]) == K_ALT;
+        for (uint32_t j = 0, count = nested ? arg_count(items[i]) : 1; j < count; ++j) {
+            const int32_t p = nested ? static_cast<int32_t>(args(items[i])[j]) : items[i];
             if (p == NOTHING) continue;
             if (kind(p) == K_BYTES) {
                 ByteSet m;
@@ -362,58 +365,72 @@ int32_t ExprCore::mk_alt(const std::vector<int32_t>& items) {
                 flat.push_back(p);
             }
         }
-    std::sort(flat.begin(), flat.end());
-    flat.erase(std::unique(flat.begin(), flat.end()), flat.end());
+    }
+    flat.sort_unique();
     // Left-factor sequences sharing a head: x a | x b -> x (a | b).
-    std::vector<std::pair<int64_t, int32_t>> by_head;
+    struct Headed {
+        int64_t head;
+        int32_t seq;
+        bool operator<(const Headed& o) const { return head < o.head || (head == o.head && seq < o.seq); }
+    };
+    InlineVec<Headed, 16> by_head;
     for (int32_t p : flat)
-        if (kind(p) == K_SEQ) by_head.emplace_back(args(p)[0], p);
+        if (kind(p) == K_SEQ) by_head.push_back({args(p)[0], p});
     std::sort(by_head.begin(), by_head.end());
-    std::vector<int32_t> factored;
+    InlineVec<int32_t, 16> factored, gone;
     for (size_t i = 0; i < by_head.size();) {
         size_t j = i;
-        while (j < by_head.size() && by_head[j].first == by_head[i].first) ++j;
+        while (j < by_head.size() && by_head[j].head == by_head[i].head) ++j;
         if (j - i > 1) {
-            std::vector<int32_t> tails;
+            InlineVec<int32_t, 16> tails;
             for (size_t g = i; g < j; ++g) {
-                tails.push_back(static_cast<int32_t>(args(by_head[g].second)[1]));
-                flat.erase(std::lower_bound(flat.begin(), flat.end(), by_head[g].second));
+                tails.push_back(static_cast<int32_t>(args(by_head[g].seq)[1]));
+                gone.push_back(by_head[g].seq);
             }
-            factored.push_back(mk_seq(static_cast<int32_t>(by_head[i].first), mk_alt(tails)));
+            factored.push_back(mk_seq(static_cast<int32_t>(by_head[i].head), mk_alt(tails.data(), tails.size())));
         }
         i = j;
     }
-    flat.insert(flat.end(), factored.begin(), factored.end());
+    if (!gone.empty()) {
+        gone.sort_unique();
+        size_t kept = 0;
+        for (int32_t p : flat)
+            if (!std::binary_search(gone.begin(), gone.end(), p)) flat[kept++] = p;
+        flat.truncate(kept);
+        flat.append(factored.begin(), factored.end());
+    }
     if (any(mask)) flat.push_back(mk_bytes(mask));
-    std::sort(flat.begin(), flat.end());
-    flat.erase(std::unique(flat.begin(), flat.end()), flat.end());
+    flat.sort_unique();
     if (flat.empty()) return NOTHING;
     if (flat.size() == 1) return flat[0];
     int8_t null = 0;
     bool boolean = false, counted = false;
+    InlineVec<int64_t, 16> a;
     for (int32_t m : flat) {
         const Expr& x = exprs_[m];
         if (x.null == 1) null = 1;
         else if (x.null < 0 && null != 1) null = -1;
         boolean = boolean || x.boolean;
         counted = counted || x.counted;
+        a.push_back(m);
     }
-    const std::vector<int64_t> a(flat.begin(), flat.end());
     const int32_t out = intern(K_ALT, a.data(), static_cast<uint32_t>(a.size()), null, boolean);
     exprs_[out].counted = exprs_[out].counted || counted;
     return out;
 }
 
-int32_t ExprCore::mk_and(const std::vector<int32_t>& items) {
-    std::vector<int32_t> flat;
-    for (int32_t i : items)
-        for (int32_t p : kind(i) == K_AND ? members(i) : std::vector<int32_t>{i}) {
+int32_t ExprCore::mk_and(const int32_t* items, size_t n) {
+    InlineVec<int32_t, 16> flat;
+    for (size_t i = 0; i < n; ++i) {
+        const bool nested = kind(items[i]) == K_AND;
+        for (uint32_t j = 0, count = nested ? arg_count(items[i]) : 1; j < count; ++j) {
+            const int32_t p = nested ? static_cast<int32_t>(args(items[i])[j]) : items[i];
             if (p == NOTHING) return NOTHING;
             if (kind(p) == K_NOT && args(p)[0] == NOTHING) continue;  // x & everything == x
             flat.push_back(p);
         }
-    std::sort(flat.begin(), flat.end());
-    flat.erase(std::unique(flat.begin(), flat.end()), flat.end());
+    }
+    flat.sort_unique();
     if (flat.empty()) return mk_not(NOTHING);
     bool all_bytes = true;
     for (int32_t p : flat) all_bytes = all_bytes && kind(p) == K_BYTES;
@@ -434,13 +451,14 @@ int32_t ExprCore::mk_and(const std::vector<int32_t>& items) {
     if (flat.size() == 1) return flat[0];
     int8_t null = 1;
     bool counted = false;
+    InlineVec<int64_t, 16> a;
     for (int32_t m : flat) {
         const Expr& x = exprs_[m];
         if (x.null == 0) null = 0;
         else if (x.null < 0 && null != 0) null = -1;
         counted = counted || x.counted;
+        a.push_back(m);
     }
-    const std::vector<int64_t> a(flat.begin(), flat.end());
     const int32_t out = intern(K_AND, a.data(), static_cast<uint32_t>(a.size()), null, true);
     exprs_[out].counted = exprs_[out].counted || counted;
     return out;
@@ -696,18 +714,21 @@ bool ExprCore::nullable(int32_t e) {
             case K_FRAME: n = nullable(static_cast<int32_t>(a[0])); break;
             case K_SEQ:
                 n = true;
-                for (int32_t m : spine(e))
+                for (int32_t x = e;; x = static_cast<int32_t>(args(x)[1])) {
+                    const int32_t m = kind(x) == K_SEQ ? static_cast<int32_t>(args(x)[0]) : x;
                     if (!nullable(m)) {
                         n = false;
                         break;
                     }
+                    if (m == x) break;
+                }
                 break;
             case K_ALT:
-                for (int32_t m : members(e)) n = nullable(m) || n;
+                for (uint32_t i = 0, count = arg_count(e); i < count; ++i) n = nullable(static_cast<int32_t>(args(e)[i])) || n;
                 break;
             case K_AND:
                 n = true;
-                for (int32_t m : members(e)) n = nullable(m) && n;
+                for (uint32_t i = 0, count = arg_count(e); i < count; ++i) n = nullable(static_cast<int32_t>(args(e)[i])) && n;
                 break;
             case K_NOT: n = !nullable(static_cast<int32_t>(a[0])); break;
             case K_REPEAT: {
@@ -758,30 +779,36 @@ int32_t ExprCore::derive_uncached(int32_t e, int b) {
             return test(m, b) ? EMPTY : NOTHING;
         }
         case K_SEQ: {  // along the spine while the heads may be empty
-            std::vector<int32_t> parts;
+            InlineVec<int32_t, 16> parts;
             while (kind(e) == K_SEQ) {
                 const int32_t head = static_cast<int32_t>(args(e)[0]);
                 e = static_cast<int32_t>(args(e)[1]);
                 parts.push_back(mk_seq(d(head, b), e));
-                if (!nullable(head)) return mk_alt(parts);
+                if (!nullable(head)) return mk_alt(parts.data(), parts.size());
                 if (const int32_t* done = deriv_.find(static_cast<int64_t>(e) * 256 + b)) {
                     parts.push_back(*done);
-                    return mk_alt(parts);
+                    return mk_alt(parts.data(), parts.size());
                 }
             }
             parts.push_back(d(e, b));
-            return mk_alt(parts);
+            return mk_alt(parts.data(), parts.size());
         }
         case K_ALT: {  // members that cannot start with b derive to NOTHING: skipped
-            std::vector<int32_t> parts;
-            for (int32_t m : members(e))
-                if (test(first_known_[m] ? first_[m] : first_bytes(m), b)) parts.push_back(d(m, b));
-            return mk_alt(parts);
+            InlineVec<int32_t, 16> parts;
+            for (uint32_t i = 0, n = arg_count(e); i < n; ++i) {  // (args re-read: deriving may move them)
+                const int32_t m = static_cast<int32_t>(args(e)[i]);
+                if (test(first_known_[m] == 1 ? first_[m] : first_bytes(m), b)) parts.push_back(d(m, b));
+            }
+            return mk_alt(parts.data(), parts.size());
         }
-        case K_AND: {
-            std::vector<int32_t> parts;
-            for (int32_t m : members(e)) parts.push_back(d(m, b));
-            return mk_and(parts);
+        case K_AND: {  // NOTHING as soon as one member dies: the others are not derived
+            InlineVec<int32_t, 16> parts;
+            for (uint32_t i = 0, n = arg_count(e); i < n; ++i) {
+                const int32_t m = d(static_cast<int32_t>(args(e)[i]), b);
+                if (m == NOTHING) return NOTHING;
+                parts.push_back(m);
+            }
+            return mk_and(parts.data(), parts.size());
         }
         case K_NOT: return mk_not(d(static_cast<int32_t>(args(e)[0]), b));
         case K_REPEAT: {
@@ -853,25 +880,27 @@ std::vector<ByteSet> ExprCore::byte_classes(int32_t e) {
 }
 
 ByteSet ExprCore::first_bytes(int32_t e) {
-    if (first_known_[e]) return first_[e];
-    if (!first_busy_.insert(e).second) return ALL_BYTES;  // only left recursion cycles here
+    if (first_known_[e] == 1) return first_[e];
+    if (first_known_[e] == 2) return ALL_BYTES;  // busy: only left recursion cycles here
+    first_known_[e] = 2;
     ByteSet out{};
     try {
         Level level(level_, budget_.max_nesting);
         switch (kind(e)) {
             case K_BYTES: std::memcpy(out.data(), args(e), sizeof out); break;
             case K_SEQ:
-                for (int32_t m : spine(e)) {
+                for (int32_t x = e;; x = static_cast<int32_t>(args(x)[1])) {
+                    const int32_t m = kind(x) == K_SEQ ? static_cast<int32_t>(args(x)[0]) : x;
                     out = out | first_bytes(m);
-                    if (!nullable(m)) break;
+                    if (m == x || !nullable(m)) break;
                 }
                 break;
             case K_ALT:
-                for (int32_t m : members(e)) out = out | first_bytes(m);
+                for (uint32_t i = 0, n = arg_count(e); i < n; ++i) out = out | first_bytes(static_cast<int32_t>(args(e)[i]));
                 break;
             case K_AND:
                 out = ALL_BYTES;
-                for (int32_t m : members(e)) out = out & first_bytes(m);
+                for (uint32_t i = 0, n = arg_count(e); i < n; ++i) out = out & first_bytes(static_cast<int32_t>(args(e)[i]));
                 break;
             case K_REPEAT:
             case K_FRAME: out = first_bytes(static_cast<int32_t>(args(e)[0])); break;
@@ -882,10 +911,9 @@ ByteSet ExprCore::first_bytes(int32_t e) {
             default: out = ALL_BYTES;  // complement
         }
     } catch (...) {
-        first_busy_.erase(e);
+        first_known_[e] = 0;
         throw;
     }
-    first_busy_.erase(e);
     first_[e] = out;
     first_known_[e] = 1;
     return out;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "flat_map.hpp"
+#include "inline_vec.hpp"
 #include "packed_trie.hpp"
 
 namespace constrain {
@@ -164,8 +165,10 @@ private:
 
     int32_t mk_bytes(const ByteSet& m);
     int32_t mk_seq(int32_t a, int32_t b);
-    int32_t mk_alt(const std::vector<int32_t>& items);
-    int32_t mk_and(const std::vector<int32_t>& items);
+    int32_t mk_alt(const int32_t* items, size_t n);
+    int32_t mk_alt(const std::vector<int32_t>& items) { return mk_alt(items.data(), items.size()); }
+    int32_t mk_and(const int32_t* items, size_t n);
+    int32_t mk_and(const std::vector<int32_t>& items) { return mk_and(items.data(), items.size()); }
     int32_t mk_not(int32_t a);
     int32_t mk_repeat(int32_t a, int64_t lo, int64_t hi);
     int32_t mk_frame(int32_t e);
@@ -177,6 +180,11 @@ private:
     double ir_min(int32_t node, std::unordered_map<int32_t, double>& memo);
     int32_t body(int32_t rule);
     std::vector<int32_t> members(int32_t e) const;  // Alt/And members, or e itself
+    template <size_t N>
+    void spine_into(int32_t e, InlineVec<int32_t, N>& out) const {  // spine(e), with no allocation
+        for (; kind(e) == K_SEQ; e = static_cast<int32_t>(args(e)[1])) out.push_back(static_cast<int32_t>(args(e)[0]));
+        out.push_back(e);
+    }
 
     int32_t d(int32_t e, int b);
     int32_t derive_uncached(int32_t e, int b);
@@ -221,8 +229,7 @@ private:
     std::unordered_set<int64_t> deriving_;
     // Per-expression caches, grown with exprs_.
     std::vector<ByteSet> first_;
-    std::vector<uint8_t> first_known_;
-    std::unordered_set<int32_t> first_busy_;
+    std::vector<uint8_t> first_known_;  // 1 known, 2 being computed (a left recursion cycle), 0 neither
     // Per expression, its byte classes in class_pool_ (offset, -1 none; count): one array for
     // all, where a vector per expression cost a free each when a grown grammar was evicted.
     std::vector<int32_t> classes_;
