@@ -48,18 +48,6 @@ int lowest(const ByteSet& m) {
 }
 bool bit(const uint64_t* words, size_t n, size_t j) { return j / 64 < n && (words[j / 64] >> (j % 64) & 1); }
 
-std::vector<ByteSet> refine(const std::vector<ByteSet>& p, const std::vector<ByteSet>& q) {
-    if (p.size() == 1) return q;
-    if (q.size() == 1) return p;
-    std::vector<ByteSet> out;
-    for (const auto& x : p)
-        for (const auto& y : q) {
-            const ByteSet z = x & y;
-            if (any(z)) out.push_back(z);
-        }
-    return out;
-}
-
 // ir.unordered_min_length: the required items still missing, then the cheapest others until
 // `lo` members are reached, with their separators.
 double unordered_length(const std::vector<double>& item_mins, const std::vector<uint64_t>& required, double extra,
@@ -830,17 +818,47 @@ int32_t ExprCore::derive_bytes(int32_t e, const uint8_t* data, size_t n) {
 }
 
 std::vector<ByteSet> ExprCore::byte_classes(int32_t e) {
+    std::vector<ByteSet> uncached;
+    size_t n = 0;
+    const ByteSet* classes = classes_of(e, uncached, n);
+    return {classes, classes + n};
+}
+
+const ByteSet* ExprCore::classes_of(int32_t e, std::vector<ByteSet>& uncached, size_t& n) {
     if (classes_[e] >= 0) {
-        const auto first = class_pool_.begin() + classes_[e];
-        return {first, first + class_count_[e]};
+        n = class_count_[e];
+        return class_pool_.data() + classes_[e];
     }
     const auto open = class_open_.find(e);
     if (open != class_open_.end()) {  // a cycle through rules adds no first byte of its own
         class_cut_ = std::min(class_cut_, open->second);
-        return {ALL_BYTES};
+        uncached.assign(1, ALL_BYTES);
+        n = 1;
+        return uncached.data();
     }
     CutScope scope(class_open_, class_cut_, e);
-    std::vector<ByteSet> parts{ALL_BYTES};
+    InlineVec<ByteSet, 16> parts;
+    parts.push_back(ALL_BYTES);
+    // parts refined by m's classes: read in place (nothing grows the pool while they are read)
+    auto refine_by = [&](int32_t m) {
+        std::vector<ByteSet> own;
+        size_t k = 0;
+        const ByteSet* q = classes_of(m, own, k);
+        if (k == 1) return;
+        if (parts.size() == 1) {
+            parts.truncate(0);
+            parts.append(q, q + k);
+            return;
+        }
+        InlineVec<ByteSet, 16> meet;
+        for (const ByteSet& x : parts)
+            for (size_t j = 0; j < k; ++j) {
+                const ByteSet z = x & q[j];
+                if (any(z)) meet.push_back(z);
+            }
+        parts.truncate(0);
+        parts.append(meet.begin(), meet.end());
+    };
     {
         Level level(level_, budget_.max_nesting);
         switch (kind(e)) {
@@ -848,26 +866,27 @@ std::vector<ByteSet> ExprCore::byte_classes(int32_t e) {
                 ByteSet m, rest;
                 std::memcpy(m.data(), args(e), sizeof m);
                 for (int i = 0; i < 4; ++i) rest[i] = ~m[i];
-                parts.clear();
+                parts.truncate(0);
                 for (const ByteSet& p : {m, rest})
                     if (any(p)) parts.push_back(p);
                 break;
             }
             case K_SEQ:  // the heads that may be empty and the one after them
-                for (int32_t m : spine(e)) {
-                    parts = refine(parts, byte_classes(m));
-                    if (!nullable(m)) break;
+                for (int32_t x = e;; x = static_cast<int32_t>(args(x)[1])) {
+                    const int32_t m = kind(x) == K_SEQ ? static_cast<int32_t>(args(x)[0]) : x;
+                    refine_by(m);
+                    if (m == x || !nullable(m)) break;
                 }
                 break;
             case K_ALT:
             case K_AND:
-                for (int32_t m : members(e)) parts = refine(parts, byte_classes(m));
+                for (uint32_t i = 0, count = arg_count(e); i < count; ++i) refine_by(static_cast<int32_t>(args(e)[i]));
                 break;
             case K_NOT:
             case K_REPEAT:
-            case K_FRAME: parts = byte_classes(static_cast<int32_t>(args(e)[0])); break;
-            case K_REF: parts = byte_classes(body(static_cast<int32_t>(args(e)[0]))); break;
-            case K_UNORDERED: parts = byte_classes(expand_unordered(e)); break;
+            case K_FRAME: refine_by(static_cast<int32_t>(args(e)[0])); break;
+            case K_REF: refine_by(body(static_cast<int32_t>(args(e)[0]))); break;
+            case K_UNORDERED: refine_by(expand_unordered(e)); break;
             default: break;
         }
     }
@@ -875,8 +894,12 @@ std::vector<ByteSet> ExprCore::byte_classes(int32_t e) {
         classes_[e] = static_cast<int32_t>(class_pool_.size());
         class_count_[e] = static_cast<uint16_t>(parts.size());
         class_pool_.insert(class_pool_.end(), parts.begin(), parts.end());
+        n = parts.size();
+        return class_pool_.data() + classes_[e];
     }
-    return parts;
+    uncached.assign(parts.begin(), parts.end());
+    n = uncached.size();
+    return uncached.data();
 }
 
 ByteSet ExprCore::first_bytes(int32_t e) {
@@ -1219,24 +1242,38 @@ int32_t ExprCore::recount(int32_t e, const Rule& rule, FlatMap& memo, int64_t cl
 int64_t ExprCore::closure_bound(int32_t u) {
     if (const int32_t* known = closure_bound_.find(u)) return *known;
     std::vector<int32_t> states{u};
-    std::unordered_map<int32_t, int32_t> index{{u, 0}};
-    std::vector<std::vector<int32_t>> from(1);  // per state, the states with a byte to it
-    for (size_t i = 0; i < states.size(); ++i)
-        for (const ByteSet& c : byte_classes(states[i])) {
+    FlatMap index;  // state -> its position in states
+    index.set(u, 0);
+    std::vector<std::pair<int32_t, int32_t>> edges;  // (to, from): a byte leads from one to the other
+    for (size_t i = 0; i < states.size(); ++i) {
+        std::vector<ByteSet> uncached;
+        size_t n_classes = 0;
+        const ByteSet* pooled = classes_of(states[i], uncached, n_classes);
+        InlineVec<ByteSet, 32> classes;  // (copied: deriving may grow the pool)
+        classes.append(pooled, pooled + n_classes);
+        for (const ByteSet& c : classes) {
             const int32_t next = d(states[i], lowest(c));
             if (next == NOTHING) continue;
-            const auto [at, fresh] = index.try_emplace(next, static_cast<int32_t>(states.size()));
-            if (fresh) {
+            const int32_t* at = index.find(next);
+            const int32_t j = at ? *at : static_cast<int32_t>(states.size());
+            if (!at) {
                 if (states.size() == MAX_CLOSURE_STATES) {  // (the explored states too: see the twin)
                     for (int32_t s : states)
                         if (!closure_bound_.find(s)) closure_bound_.set(s, -1);
                     return -1;
                 }
+                index.set(next, j);
                 states.push_back(next);
-                from.emplace_back();
             }
-            from[at->second].push_back(static_cast<int32_t>(i));
+            edges.emplace_back(j, static_cast<int32_t>(i));
         }
+    }
+    // Per state, the states with a byte to it (edges grouped by target).
+    std::vector<int32_t> first(states.size() + 1, 0), from(edges.size());
+    for (const auto& [to, source] : edges) ++first[to + 1];
+    for (size_t k = 0; k < states.size(); ++k) first[k + 1] += first[k];
+    std::vector<int32_t> next_slot(first.begin(), first.end() - 1);
+    for (const auto& [to, source] : edges) from[next_slot[to]++] = source;
     // Shortest completions, breadth first backwards from the states that may end; the largest
     // bounds every state of the closure (each one's closure is part of it).
     std::vector<int64_t> dist(states.size(), -1);
@@ -1247,8 +1284,8 @@ int64_t ExprCore::closure_bound(int32_t u) {
     for (size_t q = 0; q < queue.size(); ++q) {
         const int32_t i = queue[q];
         bound = dist[i];
-        for (int32_t j : from[i])
-            if (dist[j] < 0) dist[j] = dist[i] + 1, queue.push_back(j);
+        for (int32_t k = first[i]; k < first[i + 1]; ++k)
+            if (dist[from[k]] < 0) dist[from[k]] = dist[i] + 1, queue.push_back(from[k]);
     }
     for (int32_t s : states)  // (bound < MAX_CLOSURE_STATES: it fits the map's int32)
         if (!closure_bound_.find(s)) closure_bound_.set(s, static_cast<int32_t>(bound));

@@ -186,6 +186,8 @@ private:
         out.push_back(e);
     }
 
+    // e's byte classes: in the pool where they are cached (valid until it grows), else in `uncached`.
+    const ByteSet* classes_of(int32_t e, std::vector<ByteSet>& uncached, size_t& n);
     int32_t d(int32_t e, int b);
     int32_t derive_uncached(int32_t e, int b);
     double search_min(int32_t e);
