@@ -148,7 +148,7 @@ ExprCore::ExprCore(FlatIr ir, Budget budget, IrSource source)
     nodes_added();
     rule_body_.assign(ir_.rule_nodes.size(), -1);
     rule_min_.assign(ir_.rule_nodes.size(), INF);
-    slots_.assign(1024, -1);
+    slots_.assign(1024, EMPTY_SLOT);
     intern(K_NOTHING, nullptr, 0, 0, false);
     intern(K_EMPTY, nullptr, 0, 1, false);
     grow(1024);
@@ -247,12 +247,12 @@ uint64_t ExprCore::hash_of(uint8_t kind, const int64_t* a, uint32_t n) const {
 }
 
 void ExprCore::rehash() {
-    std::vector<int32_t> slots(slots_.size() * 2, -1);
+    std::vector<uint64_t> slots(slots_.size() * 2, EMPTY_SLOT);
     const size_t mask = slots.size() - 1;
     for (size_t id = 0; id < exprs_.size(); ++id) {
         size_t i = hashes_[id] & mask;
-        while (slots[i] >= 0) i = (i + 1) & mask;
-        slots[i] = static_cast<int32_t>(id);
+        while (slots[i] != EMPTY_SLOT) i = (i + 1) & mask;
+        slots[i] = slot_of(hashes_[id], static_cast<int32_t>(id));
     }
     slots_.swap(slots);
 }
@@ -265,8 +265,10 @@ int32_t ExprCore::intern(uint8_t kind, const int64_t* a, uint32_t n, int8_t null
     const uint64_t h = hash_of(kind, a, n);
     const size_t mask = slots_.size() - 1;
     size_t i = h & mask;
-    for (; slots_[i] >= 0; i = (i + 1) & mask) {
-        const int32_t id = slots_[i];
+    const uint64_t tag = slot_of(h, 0);
+    for (; slots_[i] != EMPTY_SLOT; i = (i + 1) & mask) {
+        if ((slots_[i] & ~0xffffffffull) != tag) continue;  // another hash: no need to read the expression
+        const int32_t id = static_cast<int32_t>(slots_[i] & 0xffffffff);
         const Expr& x = exprs_[id];
         if (hashes_[id] == h && x.kind == kind && x.len == n && std::equal(a, a + n, pool_.data() + x.off)) return id;
     }
@@ -289,7 +291,7 @@ int32_t ExprCore::intern(uint8_t kind, const int64_t* a, uint32_t n, int8_t null
     if ((id + 1) * 2 > slots_.size())
         rehash();
     else
-        slots_[i] = static_cast<int32_t>(id);
+        slots_[i] = slot_of(h, static_cast<int32_t>(id));
     return static_cast<int32_t>(id);
 }
 
@@ -1363,8 +1365,8 @@ void ExprCore::fill_row(int32_t s) {
     for (const ByteSet& part : byte_classes(s)) {
         const int32_t n = derive(s, lowest(part));
         if (n != NOTHING && is_live(n))
-            for (int b = 0; b < 256; ++b)
-                if (test(part, b)) out[b] = n;
+            for (int w = 0; w < 4; ++w)
+                for (uint64_t bits = part[w]; bits; bits &= bits - 1) out[w * 64 + __builtin_ctzll(bits)] = n;
     }
     grow(std::max(static_cast<size_t>(s), exprs_.size()) + 1);
     std::memcpy(buffers_.rows.get() + static_cast<size_t>(s) * 256, out, sizeof out);

@@ -220,7 +220,11 @@ private:
     std::vector<Expr> exprs_;
     std::vector<int64_t> pool_;
     std::vector<uint64_t> hashes_;
-    std::vector<int32_t> slots_;  // open addressing over expression ids, -1 empty
+    // Open addressing over expression ids: a slot holds the high half of the id's hash above the id,
+    // so a probe reads the expression only where the hashes agree.
+    std::vector<uint64_t> slots_;
+    static constexpr uint64_t EMPTY_SLOT = ~0ull;
+    static uint64_t slot_of(uint64_t hash, int32_t id) { return (hash & ~0xffffffffull) | static_cast<uint32_t>(id); }
     std::vector<Unordered> unordered_;
     std::vector<int32_t> converted_;  // per flat node, -1 not yet
     std::vector<int32_t> rule_body_;  // per rule, -1 not yet
