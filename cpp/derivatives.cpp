@@ -120,9 +120,9 @@ struct Level {
 // opened at; what was computed under a cut at an enclosing node assumed that node's answer, so
 // `close` says whether this node's answer may be cached (the twin's _null_cut / _class_cut).
 struct CutScope {
-    CutScope(std::unordered_map<int32_t, int64_t>& open, int64_t& cut, int32_t e)
-        : open_(open), cut_(cut), e_(e), depth_(static_cast<int64_t>(open.size())), outer_(cut) {
-        open_[e] = depth_;
+    CutScope(OpenNodes& open, int64_t& cut, int32_t e) : open_(open), cut_(cut), e_(e), depth_(open.count), outer_(cut) {
+        open_.depth[e] = static_cast<int32_t>(depth_);
+        ++open_.count;
         cut_ = NO_CUT;
     }
     ~CutScope() {
@@ -130,12 +130,13 @@ struct CutScope {
     }
     bool close() {
         closed_ = true;
-        open_.erase(e_);
+        open_.depth[e_] = -1;
+        --open_.count;
         const int64_t cut = cut_;
         cut_ = std::min(outer_, cut < depth_ ? cut : NO_CUT);
         return cut >= depth_;
     }
-    std::unordered_map<int32_t, int64_t>& open_;
+    OpenNodes& open_;
     int64_t& cut_;
     int32_t e_;
     int64_t depth_, outer_;
@@ -288,6 +289,8 @@ int32_t ExprCore::intern(uint8_t kind, const int64_t* a, uint32_t n, int8_t null
     bound_.push_back(UNKNOWN);
     live_.push_back(-1);
     unordered_body_.push_back(-1);
+    null_open_.depth.push_back(-1);
+    class_open_.depth.push_back(-1);
     if ((id + 1) * 2 > slots_.size())
         rehash();
     else
@@ -680,9 +683,8 @@ int32_t ExprCore::body(int32_t rule) {
 
 bool ExprCore::nullable(int32_t e) {
     if (exprs_[e].null >= 0) return exprs_[e].null;
-    const auto open = null_open_.find(e);
-    if (open != null_open_.end()) {  // a cycle through rules: this path adds no empty match
-        null_cut_ = std::min(null_cut_, open->second);
+    if (null_open_.depth[e] >= 0) {  // a cycle through rules: this path adds no empty match
+        null_cut_ = std::min<int64_t>(null_cut_, null_open_.depth[e]);
         return false;
     }
     CutScope scope(null_open_, null_cut_, e);
@@ -831,9 +833,8 @@ const ByteSet* ExprCore::classes_of(int32_t e, std::vector<ByteSet>& uncached, s
         n = class_count_[e];
         return class_pool_.data() + classes_[e];
     }
-    const auto open = class_open_.find(e);
-    if (open != class_open_.end()) {  // a cycle through rules adds no first byte of its own
-        class_cut_ = std::min(class_cut_, open->second);
+    if (class_open_.depth[e] >= 0) {  // a cycle through rules adds no first byte of its own
+        class_cut_ = std::min<int64_t>(class_cut_, class_open_.depth[e]);
         uncached.assign(1, ALL_BYTES);
         n = 1;
         return uncached.data();

@@ -70,6 +70,13 @@ struct IrSource {
     std::function<int32_t(uintptr_t)> node;
 };
 
+// The nodes open in a recursion that cuts cycles (nullable, byte_classes): per expression, the
+// depth it opened at (-1: not open), and how many are open.
+struct OpenNodes {
+    std::vector<int32_t> depth;
+    int64_t count = 0;
+};
+
 struct Budget {
     double seconds;
     double max_bytes;
@@ -248,7 +255,7 @@ private:
     // MAX_CLOSURE_STATES bounds, and each clamp an entry per expression it rebuilt.
     std::unordered_map<int64_t, FlatMap> clamped_;  // limit -> e -> clamped e
     FlatMap closure_bound_;
-    std::unordered_map<int32_t, int64_t> null_open_, class_open_;
+    OpenNodes null_open_, class_open_;
     int64_t null_cut_, class_cut_;
 
     RowBuffers buffers_;
