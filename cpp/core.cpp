@@ -84,6 +84,9 @@ public:
     // The live state after `byte` from `state`, 0 if none: the entry its row would hold.
     int32_t step(int32_t state, uint8_t byte) { return core_->step_bytes(state, &byte, 1); }
 
+    // Whether `state` may end there: the flag its row would hold.
+    bool nullable(int32_t state) { return core_->nullable(state); }
+
     RowTable fill(int32_t state) {
         if (core_ != nullptr) {
             core_->ensure_row(state);

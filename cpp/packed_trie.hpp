@@ -122,7 +122,7 @@ public:
     // Every token allowed from `start` through `table`. `fill(state)` is called for a state whose
     // row is missing, before the walk reads it, and returns the (possibly reallocated) table;
     // where `fill.steps()`, a state may be left without one and `fill.step(state, byte)` gives
-    // the entry its row would hold (0: dead).
+    // the entry its row would hold (0: dead), `fill.nullable(state)` its nullable flag.
     // Thread-safe: the trie is immutable, a walk's state is local.
     template <class Fill>
     WalkResult walk(int32_t start, RowTable table, Fill&& fill) const;
@@ -269,9 +269,8 @@ void PackedTrie::walk_range(size_t p, size_t end, int32_t* stack, RowTable& tabl
             }
             stack[d] = next;
             // A state entered at a node of few children (deep in a long token) is stepped byte by
-            // byte: its row would derive every byte class for the one or two that follow. (A walk
-            // that records crossings reads the rows' nullable flags: it fills them all.)
-            if (__builtin_expect(!table.has_row(next), 0) && (Enter || !fill.steps() || !thin(p))) table = fill(next);
+            // byte: its row would derive every byte class for the one or two that follow.
+            if (__builtin_expect(!table.has_row(next), 0) && (!fill.steps() || !thin(p))) table = fill(next);
         }
         ++p;
     }
@@ -389,8 +388,8 @@ void PackedTrie::mask(int32_t start, RowTable table, Fill&& fill, uint32_t* word
     int32_t stack[MAX_DEPTH + 1];
     if (!table.has_row(start)) table = fill(start);
     auto none = [](size_t, int32_t, const RowTable&) {};
-    auto enter = [ends](size_t node, int32_t parent, const RowTable& t) {
-        if (t.nullable[parent]) {  // the parent's row is filled: the walk read it to get here
+    auto enter = [ends, &fill](size_t node, int32_t parent, const RowTable& t) {
+        if (t.has_row(parent) ? t.nullable[parent] : fill.nullable(parent)) {  // (a thin node's state has no row)
             ends->nodes.push_back(static_cast<int32_t>(node));
             ends->states.push_back(parent);
         }
