@@ -307,11 +307,7 @@ std::vector<int32_t> ExprCore::members(int32_t e) const {
 
 std::vector<int32_t> ExprCore::spine(int32_t e) const {
     std::vector<int32_t> parts;
-    while (kind(e) == K_SEQ) {
-        parts.push_back(static_cast<int32_t>(args(e)[0]));
-        e = static_cast<int32_t>(args(e)[1]);
-    }
-    parts.push_back(e);
+    spine_into(e, parts);
     return parts;
 }
 
@@ -706,14 +702,7 @@ bool ExprCore::nullable(int32_t e) {
             case K_FRAME: n = nullable(static_cast<int32_t>(a[0])); break;
             case K_SEQ:
                 n = true;
-                for (int32_t x = e;; x = static_cast<int32_t>(args(x)[1])) {
-                    const int32_t m = kind(x) == K_SEQ ? static_cast<int32_t>(args(x)[0]) : x;
-                    if (!nullable(m)) {
-                        n = false;
-                        break;
-                    }
-                    if (m == x) break;
-                }
+                each_in_spine(e, [&](int32_t m) { return n = nullable(m); });
                 break;
             case K_ALT:
                 for (uint32_t i = 0, count = arg_count(e); i < count; ++i) n = nullable(static_cast<int32_t>(args(e)[i])) || n;
@@ -875,11 +864,10 @@ const ByteSet* ExprCore::classes_of(int32_t e, std::vector<ByteSet>& uncached, s
                 break;
             }
             case K_SEQ:  // the heads that may be empty and the one after them
-                for (int32_t x = e;; x = static_cast<int32_t>(args(x)[1])) {
-                    const int32_t m = kind(x) == K_SEQ ? static_cast<int32_t>(args(x)[0]) : x;
+                each_in_spine(e, [&](int32_t m) {
                     refine_by(m);
-                    if (m == x || !nullable(m)) break;
-                }
+                    return nullable(m);
+                });
                 break;
             case K_ALT:
             case K_AND:
@@ -915,11 +903,10 @@ ByteSet ExprCore::first_bytes(int32_t e) {
         switch (kind(e)) {
             case K_BYTES: std::memcpy(out.data(), args(e), sizeof out); break;
             case K_SEQ:
-                for (int32_t x = e;; x = static_cast<int32_t>(args(x)[1])) {
-                    const int32_t m = kind(x) == K_SEQ ? static_cast<int32_t>(args(x)[0]) : x;
+                each_in_spine(e, [&](int32_t m) {
                     out = out | first_bytes(m);
-                    if (m == x || !nullable(m)) break;
-                }
+                    return nullable(m);
+                });
                 break;
             case K_ALT:
                 for (uint32_t i = 0, n = arg_count(e); i < n; ++i) out = out | first_bytes(static_cast<int32_t>(args(e)[i]));

@@ -187,10 +187,19 @@ private:
     double ir_min(int32_t node, std::unordered_map<int32_t, double>& memo);
     int32_t body(int32_t rule);
     std::vector<int32_t> members(int32_t e) const;  // Alt/And members, or e itself
-    template <size_t N>
-    void spine_into(int32_t e, InlineVec<int32_t, N>& out) const {  // spine(e), with no allocation
+    template <class Out>
+    void spine_into(int32_t e, Out& out) const {  // spine(e), into any list (an InlineVec: no allocation)
         for (; kind(e) == K_SEQ; e = static_cast<int32_t>(args(e)[1])) out.push_back(static_cast<int32_t>(args(e)[0]));
         out.push_back(e);
+    }
+    // visit(m) for each part of e's spine in order, until it returns false. The arguments are
+    // re-read at each step: a visit may intern expressions and move them.
+    template <class Visit>
+    void each_in_spine(int32_t e, Visit&& visit) {
+        for (;; e = static_cast<int32_t>(args(e)[1])) {
+            const bool seq = kind(e) == K_SEQ;
+            if (!visit(seq ? static_cast<int32_t>(args(e)[0]) : e) || !seq) return;
+        }
     }
 
     // e's byte classes: in the pool where they are cached (valid until it grows), else in `uncached`.
