@@ -56,6 +56,8 @@ class CompiledGrammar:
         self._automaton = TokenAutomaton(table, vocab, shared, native=None if native else False)
         start = self.initial_state
         if not table.row(start).any() and not self.is_accepting(start):
+            if table.empty_by_structure and grammar.unsatisfiable is not None:
+                raise grammar.unsatisfiable.with_traceback(None)  # the front end's account of why
             raise UnsatisfiableError("constraint is unsatisfiable: no document satisfies it")
 
     @property
@@ -187,14 +189,14 @@ class GrammarCompiler:
         Raises ``grammars.errors.SchemaError`` naming the keyword and JSON pointer of anything that
         cannot be enforced.
         """
-        from constrain.grammars.json_schema import json_schema_to_grammar
+        from constrain.grammars.json_schema import translate_schema
 
         check_instance(schema, "compile_json_schema(schema)", (dict, bool, str), "a dict, a bool or JSON text (str)")
         self._check_vocab(vocab, "compile_json_schema")
         chosen = self._check_budget(budget, "compile_json_schema(budget)", self.budget)
         text = schema if isinstance(schema, str) else json.dumps(schema)  # key order matters (property_order="declared")
         key = ("json_schema", text, vocab.fingerprint, chosen, _options_key(options))
-        return self._cached(key, lambda: self._compile(json_schema_to_grammar(schema, **options), vocab, chosen))
+        return self._cached(key, lambda: self._compile(translate_schema(schema, **options), vocab, chosen))
 
     def compile_regex(self, pattern: str, vocab: Vocabulary, *, budget: CompileBudget | None = None) -> CompiledGrammar:
         """Compile a regular expression (Python ``re`` syntax subset) that must match the whole output."""

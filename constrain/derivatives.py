@@ -147,6 +147,14 @@ class ExprTable:
         with self.work():
             measure_rules(grammar.rules, self._exact_min, grammar.rule_lengths, self._settle)
             self.start = self._convert(ir.Ref(grammar.start))
+        # The start rule derives nothing even with intersections and complements at their lower
+        # bounds: empty by its structure, which the front end's ``Grammar.unsatisfiable`` explains.
+        self.empty_by_structure = grammar.start not in grammar.min_lengths
+
+    @property
+    def rule_lengths(self) -> list[float]:
+        """Each rule's shortest string (``INFINITE``: unproductive), in ``grammar.rules`` order."""
+        return [self._rule_min.get(name, INFINITE) for name in self._rule_names]
 
     def _exact_min(self, node: ir.Node) -> float:
         """Shortest match of an intersection or complement, by searching derivatives:

@@ -2,10 +2,10 @@
 
 ``constrain.derivatives.ExprTable`` is the reference twin: the same expressions, derivatives,
 lengths and liveness searches, in Python. The C++ table reads the IR objects into flat arrays (one
-pass in C++, per compile) and converts rule bodies lazily, as the twin does; the walks of
-``constrain._core.PackedTrie`` read and fill its rows directly, with no Python in between. What
-stays in Python: the rule length analysis (``grammars.analysis``, shared with the front ends),
-structure signatures (they intern into the compiler context's ``Signatures``) and the work lock.
+pass in C++, per compile), measures the rules' lengths there (the twin's ``measure_rules``) and
+converts rule bodies lazily, as the twin does; the walks of ``constrain._core.PackedTrie`` read and
+fill its rows directly, with no Python in between. What stays in Python: structure signatures
+(they intern into the compiler context's ``Signatures``) and the work lock.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from constrain.budget import DEFAULT_BUDGET, CompileBudget
 from constrain.cache import Signatures
 from constrain.derivatives import structure_signature
 from constrain.grammars import ir
-from constrain.grammars.analysis import INFINITE, MAX_NESTING, measure_rules
+from constrain.grammars.analysis import INFINITE, MAX_NESTING, MAX_REPEAT
 from constrain.grammars.errors import GrammarError
 
 try:
@@ -45,26 +45,16 @@ class NativeExprTable(_core.ExprCore if _core is not None else object):  # type:
         if grammar.start not in grammar.rules:
             raise GrammarError(f"grammar has no start rule {grammar.start!r}")
         names = list(grammar.rules)
-        index = {n: i for i, n in enumerate(names)}
-        super().__init__(list(grammar.rules.values()), index, _IR_CLASSES, float(budget.seconds),
-                         float(budget.max_bytes), int(budget.max_states), MAX_NESTING)
+        start = names.index(grammar.start)
+        super().__init__(list(grammar.rules.values()), {n: i for i, n in enumerate(names)}, _IR_CLASSES,
+                         float(budget.seconds), float(budget.max_bytes), int(budget.max_states), MAX_NESTING, MAX_REPEAT)
         self.lock = threading.RLock()
         self.signatures = Signatures() if signatures is None else signatures
         self._sigs: dict[int, int | None] = {}
-        lengths = [grammar.min_lengths.get(n, INFINITE) for n in names]
-
-        def settle(exact: dict[str, float]) -> None:  # as ``ExprTable._settle``
-            changed = [(index[name], n) for name, n in exact.items() if lengths[index[name]] != n]
-            for i, n in changed:
-                lengths[i] = n
-            if changed:
-                self.set_rule_lengths(lengths)
-
-        with self.work():  # lower bounds first (the front end's), then the exact lengths searched here
-            self.set_rule_lengths(lengths)
-            measure_rules(grammar.rules, self.exact_min, grammar.rule_lengths, settle)
-            self.start = self.ref(names.index(grammar.start))
-            self.release_source()  # (the IR objects may go: a long-lived grammar holds no Python objects of them)
+        with self.work():
+            lower = self.measure_rules()
+            self.start = self.ref(start)
+        self.empty_by_structure = lower[start] == INFINITE
 
     def work(self) -> _Work:
         """One unit of compilation work holding the lock; ``CompileBudget.seconds`` bounds it.

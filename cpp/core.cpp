@@ -287,11 +287,16 @@ public:
         for (size_t i = 0; i < 8; ++i) types_[i] = reinterpret_cast<PyTypeObject*>(classes[i].ptr());
     }
 
-    // Rule r's body into `ir` (the caller holds the GIL).
-    void read_rule(constrain::FlatIr& ir, int32_t r) { ir.rule_nodes[r] = read(ir, rules_[r]); }
+    // Every rule body into `ir`.
+    void read_rules(constrain::FlatIr& ir) {
+        ir.offsets.assign(1, 0);
+        ir.rule_nodes.assign(nb::len(rules_), -1);
+        for (size_t r = 0; r < ir.rule_nodes.size(); ++r) ir.rule_nodes[r] = read(ir, rules_[r]);
+    }
 
+private:
     int32_t read(constrain::FlatIr& ir, nb::handle root) {
-        auto& index = ir.source;
+        auto& index = index_;
         std::vector<std::pair<nb::object, bool>> stack;
         std::vector<nb::object> parts;
         stack.emplace_back(nb::borrow(root), false);
@@ -346,7 +351,6 @@ public:
         return index.at(key(root));
     }
 
-private:
     static uintptr_t key(nb::handle node) { return reinterpret_cast<uintptr_t>(node.ptr()); }
 
     int32_t kind_of(nb::handle node) const {
@@ -373,6 +377,7 @@ private:
 
     nb::list rules_;
     nb::dict rule_ids_;
+    std::unordered_map<uintptr_t, int32_t> index_;  // the identity of each node read -> its index
     PyTypeObject* types_[8];
     // Attribute names interned once: a name made per lookup would cost more than the lookup.
     nb::str items_ = interned("items"), item_ = interned("item"), mask_ = interned("mask"), min_ = interned("min"),
@@ -380,21 +385,14 @@ private:
     nb::str parts_[4] = {interned("extra"), interned("first"), interned("sep"), interned("last")};
 };
 
+// The whole IR is read here, once: the table keeps no Python object of it (alive, the IR objects
+// would weigh on every collection of Python's garbage collector for as long as the grammar lives).
 ExprCore* make_core(ExprCore* self, nb::list rules, nb::dict rule_ids, nb::tuple classes, double seconds,
-                    double max_bytes, int64_t max_states, int max_nesting) {
-    auto reader = std::make_shared<IrReader>(rules, rule_ids, classes);
+                    double max_bytes, int64_t max_states, int max_nesting, int64_t max_repeat) {
     constrain::FlatIr ir;
-    ir.rule_nodes.assign(nb::len(rules), -1);
-    constrain::IrSource source{[reader, self](int32_t rule) {
-                                   nb::gil_scoped_acquire acquire;
-                                   reader->read_rule(self->ir(), rule);
-                               },
-                               [reader, self](uintptr_t node) {
-                                   nb::gil_scoped_acquire acquire;
-                                   return reader->read(self->ir(), nb::handle(reinterpret_cast<PyObject*>(node)));
-                               }};
+    IrReader(rules, rule_ids, classes).read_rules(ir);
     try {
-        return new (self) ExprCore(std::move(ir), {seconds, max_bytes, max_states, max_nesting}, std::move(source));
+        return new (self) ExprCore(std::move(ir), {seconds, max_bytes, max_states, max_nesting, max_repeat});
     } catch (const std::invalid_argument& e) {
         throw nb::value_error(e.what());
     }
@@ -488,10 +486,10 @@ void bind_expr_core(nb::module_& m) {
         "byte transition rows (constrain.native_derivatives.NativeExprTable is its Python face). Thread-safe; "
         "the GIL is released while it works.")
         .def("__init__", &make_core, "rules"_a, "rule_ids"_a, "classes"_a, "seconds"_a, "max_bytes"_a, "max_states"_a,
-             "max_nesting"_a,
+             "max_nesting"_a, "max_repeat"_a,
              "The table of the IR rule bodies ``rules``, rule ``i`` named by ``rule_ids`` (name -> i); ``classes``: the IR node classes in "
-             "cpp/derivatives.hpp's IrKind order. The caller keeps the nodes alive (``exact_min`` finds them by "
-             "identity).")
+             "cpp/derivatives.hpp's IrKind order; read whole here (nothing of them is kept). "
+             "``measure_rules`` must run before the first ``ref``.")
         .def("__len__", &ExprCore::size)
         .def("_begin_work", [](ExprCore& c) {
             nb::gil_scoped_release release;
@@ -503,18 +501,14 @@ void bind_expr_core(nb::module_& m) {
             std::lock_guard<std::recursive_mutex> g(c.mutex());
             c.end_work();
         })
-        .def("set_rule_lengths",
-             [](ExprCore& c, const std::vector<double>& v) { locked(c, [&] { c.set_rule_lengths(v); }); })
+        .def("measure_rules", [](ExprCore& c) { return locked(c, [&] { return c.measure_rules(); }); },
+             "Measure every rule's shortest string (grammars.analysis.measure_rules, intersections and complements "
+             "searched); return the lower bounds of the first pass (inf: a rule empty by its structure alone).")
+        .def_prop_ro("rule_lengths", [](ExprCore& c) { return locked(c, [&] { return c.rule_lengths(); }); },
+                     "Each rule's shortest string (inf: unproductive), exact once measured.")
         .def("ref", [](ExprCore& c, int32_t rule) { return locked(c, [&] { return c.ref(rule); }); })
         .def("rule_body", [](ExprCore& c, int32_t rule) { return locked(c, [&] { return c.rule_body(rule); }); },
              "rule"_a, "The expression a reference to ``rule`` expands to.")
-        .def("release_source", [](ExprCore& c) {
-                 constrain::IrSource reader = locked(c, [&] { return c.release_source(); });
-             },  // (the reader, holding the IR, goes here: with the GIL)
-             "Read every rule body not read yet and let go of the IR objects (``exact_min`` no longer works).")
-        .def("exact_min", [](ExprCore& c, nb::handle node) {
-            return locked(c, [&] { return c.exact_min(c.node_of(reinterpret_cast<uintptr_t>(node.ptr()))); });
-        }, "node"_a, "The shortest match of IR node ``node`` (kept alive by the caller), searching derivatives.")
         .def("estimated_bytes", [](ExprCore& c) { return c.estimated_bytes(); })
         .def("nullable", on_state<&ExprCore::nullable>("nullable"))
         .def("derive", [](ExprCore& c, int64_t e, int b) {

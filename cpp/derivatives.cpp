@@ -143,10 +143,9 @@ struct CutScope {
     bool closed_ = false;
 };
 
-ExprCore::ExprCore(FlatIr ir, Budget budget, IrSource source)
-    : ir_(std::move(ir)), budget_(budget), source_(std::move(source)), null_cut_(NO_CUT), class_cut_(NO_CUT) {
-    if (ir_.offsets.empty()) ir_.offsets.push_back(0);
-    nodes_added();
+ExprCore::ExprCore(FlatIr ir, Budget budget)
+    : ir_(std::move(ir)), budget_(budget), null_cut_(NO_CUT), class_cut_(NO_CUT) {
+    check_ir();
     rule_body_.assign(ir_.rule_nodes.size(), -1);
     rule_min_.assign(ir_.rule_nodes.size(), INF);
     slots_.assign(1024, EMPTY_SLOT);
@@ -157,19 +156,22 @@ ExprCore::ExprCore(FlatIr ir, Budget budget, IrSource source)
     buffers_.done[NOTHING] = buffers_.done[EMPTY] = true;
 }
 
-void ExprCore::nodes_added() {
-    const size_t n = ir_.kind.size(), from = converted_.size();
+void ExprCore::check_ir() {
+    const size_t n = ir_.kind.size();
     if (ir_.offsets.size() != n + 1 || ir_.p0.size() != n || ir_.p1.size() != n)
         throw std::invalid_argument("ExprCore: kind, offsets (one more), p0 and p1 must describe the same nodes");
     if (ir_.offsets.back() != static_cast<int32_t>(ir_.children.size()))
         throw std::invalid_argument("ExprCore: offsets must end at the number of children");
-    aux_.resize(n, -1);
-    for (size_t i = from; i < n; ++i) {
+    aux_.assign(n, -1);
+    has_ref_.assign(n, 0);
+    for (size_t i = 0; i < n; ++i) {
         if (ir_.offsets[i] > ir_.offsets[i + 1]) throw std::invalid_argument("ExprCore: offsets must not decrease");
         for (int32_t c = ir_.offsets[i]; c < ir_.offsets[i + 1]; ++c)
             if (ir_.children[c] < 0 || static_cast<size_t>(ir_.children[c]) >= i)
                 throw std::invalid_argument("ExprCore: a child must come before its parent");
         const int32_t arity = ir_.offsets[i + 1] - ir_.offsets[i];
+        has_ref_[i] = ir_.kind[i] == IR_REF;
+        for (int32_t c = ir_.offsets[i]; c < ir_.offsets[i + 1] && !has_ref_[i]; ++c) has_ref_[i] = has_ref_[ir_.children[c]];
         switch (ir_.kind[i]) {
             case IR_BYTES: aux_[i] = static_cast<int32_t>(n_masks_++); break;
             case IR_UNORDERED:
@@ -194,8 +196,9 @@ void ExprCore::nodes_added() {
     if (n_masks_ != ir_.masks.size() || n_unordered_ != ir_.required.size())
         throw std::invalid_argument("ExprCore: one mask per Bytes node and one required set per Unordered node");
     for (int32_t r : ir_.rule_nodes)
-        if (r >= static_cast<int32_t>(n)) throw std::invalid_argument("ExprCore: a rule's node is out of range");
-    converted_.resize(n, -1);
+        if (r < 0 || r >= static_cast<int32_t>(n)) throw std::invalid_argument("ExprCore: a rule's node is out of range");
+    converted_.assign(n, -1);
+    lengths_.resize(n);
 }
 
 void ExprCore::begin_work() {
@@ -227,11 +230,7 @@ void ExprCore::check_budget() const {
                         "the automaton needs about " + std::to_string(used >> 20) + " MiB");
 }
 
-void ExprCore::set_rule_lengths(const std::vector<double>& lengths) {
-    if (lengths.size() != rule_min_.size()) throw std::invalid_argument("ExprCore: one length per rule");
-    if (lengths == rule_min_) return;
-    rule_min_ = lengths;
-    // Shortest completions found with the lengths replaced are forgotten.
+void ExprCore::forget_completions() {
     std::fill(min_.begin(), min_.end(), UNKNOWN);
     std::fill(bound_.begin(), bound_.end(), UNKNOWN);
 }
@@ -577,14 +576,14 @@ int32_t ExprCore::convert(int32_t node) {
         case IR_UNORDERED: {
             const int32_t n_items = arity - 4;
             Unordered u;
-            std::unordered_map<int32_t, double> memo;
             u.extra = convert(c(n_items));
             u.first = convert(c(n_items + 1));
             u.sep = convert(c(n_items + 2));
             u.last = convert(c(n_items + 3));
-            for (int i = 0; i < 4; ++i) u.part_mins[i] = ir_min(c(n_items + i), memo);
+            ++lengths_.now;  // (the rules' lengths may have changed since its last use)
+            for (int i = 0; i < 4; ++i) u.part_mins[i] = rule_ir_min(c(n_items + i), lengths_);
             for (int32_t i = 0; i < n_items; ++i) u.items.push_back(convert(c(i)));
-            for (int32_t i = 0; i < n_items; ++i) u.item_mins.push_back(ir_min(c(i), memo));
+            for (int32_t i = 0; i < n_items; ++i) u.item_mins.push_back(rule_ir_min(c(i), lengths_));
             u.required = ir_.required[aux_[node]];
             u.words = (static_cast<size_t>(n_items) + 63) / 64;
             u.required.resize(std::max(u.required.size(), u.words), 0);
@@ -606,11 +605,15 @@ int32_t ExprCore::ref(int32_t rule) {
     return rule_min_[rule] < INF ? mk_ref(rule) : NOTHING;
 }
 
-// grammars.analysis.MinLength on flat nodes, intersections and complements exact.
-double ExprCore::ir_min(int32_t node, std::unordered_map<int32_t, double>& memo) {
-    const auto found = memo.find(node);
-    if (found != memo.end()) return found->second;
+// grammars.analysis.MinLength on flat nodes: what it measures (not the item of a repetition that
+// may be absent, nor under a complement) and the errors it raises are the twin's.
+double ExprCore::rule_ir_min(int32_t node, RuleMeasure& m) {
+    if (m.round[node] && (m.round[node] == m.now || !has_ref_[node])) {
+        m.took_any |= m.took[node];
+        return m.value[node];
+    }
     Level level(level_, budget_.max_nesting);
+    const bool outer_took = std::exchange(m.took_any, false);
     auto c = [this, base = ir_.offsets[node]](int32_t i) { return ir_.children[base + i]; };
     const int32_t arity = ir_.offsets[node + 1] - ir_.offsets[node];
     double out = INF;
@@ -618,44 +621,176 @@ double ExprCore::ir_min(int32_t node, std::unordered_map<int32_t, double>& memo)
         case IR_BYTES: out = any(ir_.masks[aux_[node]]) ? 1 : INF; break;
         case IR_SEQ:
             out = 0;
-            for (int32_t i = 0; i < arity; ++i) out += ir_min(c(i), memo);
+            for (int32_t i = 0; i < arity; ++i) out += rule_ir_min(c(i), m);
             break;
         case IR_ALT:
-            for (int32_t i = 0; i < arity; ++i) out = std::min(out, ir_min(c(i), memo));
+            for (int32_t i = 0; i < arity; ++i) out = std::min(out, rule_ir_min(c(i), m));
             break;
         case IR_AND:
-        case IR_NOT: out = exact_min(node); break;
-        case IR_REPEAT: out = ir_.p0[node] == 0 ? 0 : static_cast<double>(ir_.p0[node]) * ir_min(c(0), memo); break;
-        case IR_REF: out = ir_.p0[node] < 0 ? INF : rule_min_[ir_.p0[node]]; break;
+        case IR_NOT:
+            if (m.exact) {
+                out = min_completion(convert(node));
+            } else {
+                m.took_any = true;
+                out = 0;
+                if (ir_.kind[node] == IR_AND)
+                    for (int32_t i = 0; i < arity; ++i) out = std::max(out, rule_ir_min(c(i), m));
+            }
+            break;
+        case IR_REPEAT:
+            if (ir_.p0[node] > budget_.max_repeat)
+                throw CoreError(CoreError::GRAMMAR, 0,
+                                "repetition of at least " + std::to_string(ir_.p0[node]) + " iterations: more than " +
+                                    std::to_string(budget_.max_repeat) +
+                                    " (constrain.grammars.analysis.MAX_REPEAT) would be decoded one state per "
+                                    "iteration; lower its minimum");
+            out = ir_.p0[node] == 0 ? 0 : static_cast<double>(ir_.p0[node]) * rule_ir_min(c(0), m);
+            break;
+        case IR_REF: out = ir_.p0[node] < 0 ? INF : m.lengths[ir_.p0[node]]; break;
         case IR_UNORDERED: {
             const int32_t n_items = arity - 4;
             std::vector<double> mins;
-            for (int32_t i = 0; i < n_items; ++i) mins.push_back(ir_min(c(i), memo));
+            for (int32_t i = 0; i < n_items; ++i) mins.push_back(rule_ir_min(c(i), m));
             double parts[4];
-            for (int i = 0; i < 4; ++i) parts[i] = ir_min(c(n_items + i), memo);
+            for (int i = 0; i < 4; ++i) parts[i] = rule_ir_min(c(n_items + i), m);
             out = unordered_length(mins, ir_.required[aux_[node]], parts[0], parts[1], parts[2], parts[3],
                                    ir_.p0[node], ir_.p1[node], nullptr, 0, 0);
             break;
         }
     }
-    memo[node] = out;
+    m.value[node] = out;
+    m.round[node] = m.now;
+    m.took[node] = m.took_any;
+    m.took_any |= outer_took;
     return out;
 }
 
-int32_t ExprCore::node_of(uintptr_t source) {
-    const auto found = ir_.source.find(source);
-    if (found != ir_.source.end()) return found->second;
-    const int32_t node = source_.node(source);
-    nodes_added();
-    return node;
+// One strongly connected component's lengths into m.lengths (from INF, the rules after those they
+// use); whether a lower bound was taken.
+bool ExprCore::measure_component(const std::vector<int32_t>& comp, bool self_loop, RuleMeasure& m) {
+    m.took_any = false;
+    ++m.now;
+    if (comp.size() == 1 && !self_loop) {
+        m.lengths[comp[0]] = rule_ir_min(ir_.rule_nodes[comp[0]], m);
+        return m.took_any;
+    }
+    for (bool changed = true; changed; ++m.now) {
+        changed = false;
+        for (int32_t r : comp) {
+            const double n = rule_ir_min(ir_.rule_nodes[r], m);
+            if (n < m.lengths[r]) {
+                m.lengths[r] = n;
+                changed = true;
+            }
+        }
+    }
+    return m.took_any;
 }
 
-IrSource ExprCore::release_source() {
-    for (int32_t r = 0; r < static_cast<int32_t>(ir_.rule_nodes.size()); ++r)
-        if (ir_.rule_nodes[r] < 0) source_.rule(r);
-    nodes_added();
-    ir_.source = {};  // (keys are the IR objects' addresses: another object may take one)
-    return std::exchange(source_, IrSource{});
+std::vector<double> ExprCore::measure_rules() {
+    const size_t n_nodes = ir_.kind.size();
+    const int32_t n_rules = static_cast<int32_t>(ir_.rule_nodes.size());
+    const auto& has_ref = has_ref_;
+    // uses[r]: the rules r's body refers to (grammars.analysis.refs: absent ones left out).
+    std::vector<std::vector<int32_t>> uses(n_rules);
+    {
+        std::vector<int32_t> seen(n_nodes, -1), stack;
+        for (int32_t r = 0; r < n_rules; ++r) {
+            stack.assign(1, ir_.rule_nodes[r]);
+            while (!stack.empty()) {
+                const int32_t n = stack.back();
+                stack.pop_back();
+                if (!has_ref[n] || seen[n] == r) continue;
+                seen[n] = r;
+                if (ir_.kind[n] == IR_REF) {
+                    if (ir_.p0[n] >= 0) uses[r].push_back(static_cast<int32_t>(ir_.p0[n]));
+                } else {
+                    for (int32_t c = ir_.offsets[n]; c < ir_.offsets[n + 1]; ++c) stack.push_back(ir_.children[c]);
+                }
+            }
+            std::sort(uses[r].begin(), uses[r].end());
+            uses[r].erase(std::unique(uses[r].begin(), uses[r].end()), uses[r].end());
+        }
+    }
+    // Tarjan's components, iteratively: each is complete after every component it uses.
+    std::vector<std::vector<int32_t>> comps;
+    {
+        std::vector<int32_t> index(n_rules, -1), low(n_rules, 0), stack;
+        std::vector<uint8_t> on_stack(n_rules, 0);
+        std::vector<std::pair<int32_t, size_t>> calls;  // rule, next use to visit
+        int32_t counter = 0;
+        for (int32_t root = 0; root < n_rules; ++root) {
+            if (index[root] >= 0) continue;
+            calls.emplace_back(root, 0);
+            while (!calls.empty()) {
+                auto& [v, i] = calls.back();
+                if (i == 0 && index[v] < 0) {
+                    index[v] = low[v] = counter++;
+                    stack.push_back(v);
+                    on_stack[v] = 1;
+                }
+                if (i < uses[v].size()) {
+                    const int32_t w = uses[v][i++];
+                    if (index[w] < 0) {
+                        calls.emplace_back(w, 0);
+                    } else if (on_stack[w]) {
+                        low[v] = std::min(low[v], index[w]);
+                    }
+                    continue;
+                }
+                const int32_t done = v;
+                calls.pop_back();
+                if (!calls.empty()) low[calls.back().first] = std::min(low[calls.back().first], low[done]);
+                if (low[done] == index[done]) {
+                    std::vector<int32_t> comp;
+                    int32_t w;
+                    do {
+                        w = stack.back();
+                        stack.pop_back();
+                        on_stack[w] = 0;
+                        comp.push_back(w);
+                    } while (w != done);
+                    std::reverse(comp.begin(), comp.end());
+                    comps.push_back(std::move(comp));
+                }
+            }
+        }
+    }
+    auto self_loop = [&](const std::vector<int32_t>& comp) {
+        return comp.size() == 1 && std::binary_search(uses[comp[0]].begin(), uses[comp[0]].end(), comp[0]);
+    };
+    // First pass: lower bounds; a component is bounded where it took one or uses a bounded rule.
+    std::vector<double> lower(n_rules, INF);
+    std::vector<uint8_t> bounded(n_rules, 0);
+    {
+        RuleMeasure m(false, lower, n_nodes);
+        for (const auto& comp : comps) {
+            bool b = measure_component(comp, self_loop(comp), m);
+            for (int32_t r : comp)
+                for (int32_t u : uses[r]) b = b || bounded[u];
+            if (b)
+                for (int32_t r : comp) bounded[r] = 1;
+        }
+    }
+    rule_min_ = lower;
+    forget_completions();
+    // Second pass: the bounded components exactly, each settled in the table before its users.
+    std::vector<double> exact(n_rules, INF);
+    RuleMeasure m(true, exact, n_nodes);
+    for (const auto& comp : comps) {
+        if (!bounded[comp[0]]) {
+            for (int32_t r : comp) exact[r] = lower[r];
+            continue;
+        }
+        measure_component(comp, self_loop(comp), m);
+        bool changed = false;
+        for (int32_t r : comp) {
+            changed = changed || rule_min_[r] != exact[r];
+            rule_min_[r] = exact[r];
+        }
+        if (changed) forget_completions();
+    }
+    return lower;
 }
 
 int32_t ExprCore::rule_body(int32_t rule) {
@@ -665,13 +800,7 @@ int32_t ExprCore::rule_body(int32_t rule) {
 }
 
 int32_t ExprCore::body(int32_t rule) {
-    if (rule_body_[rule] < 0) {
-        if (ir_.rule_nodes[rule] < 0) {
-            source_.rule(rule);
-            nodes_added();
-        }
-        rule_body_[rule] = convert(ir_.rule_nodes[rule]);
-    }
+    if (rule_body_[rule] < 0) rule_body_[rule] = convert(ir_.rule_nodes[rule]);
     return rule_body_[rule];
 }
 

@@ -12,7 +12,6 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -50,7 +49,7 @@ struct CoreError : std::exception {
 // parameters p0/p1 (Repeat: min, max or -1; Ref: rule or -1 when undefined, then p1 indexes
 // undefined_names; Unordered: min, max or -1). The k-th Bytes node's set is masks[k], the k-th
 // Unordered node's required items are required[k]; an Unordered node's children are its items,
-// then extra, first, sep, last. rule_nodes[r] is rule r's body, -1 until it is read.
+// then extra, first, sep, last. rule_nodes[r] is rule r's body.
 struct FlatIr {
     std::vector<int32_t> kind, offsets, children;
     std::vector<int64_t> p0, p1;
@@ -58,16 +57,6 @@ struct FlatIr {
     std::vector<std::vector<uint64_t>> required;
     std::vector<int32_t> rule_nodes;
     std::vector<std::string> undefined_names;  // as Python's repr() of the name
-    std::unordered_map<uintptr_t, int32_t> source;  // the identity of each node's source object -> its index
-};
-
-// Where the IR comes from, read lazily (rule bodies are read the first time a derivative needs
-// them, as the twin converts them lazily): `rule(r)` appends rule r's nodes to the table's FlatIr
-// and sets its rule_nodes[r]; `node(source)` appends the nodes of one IR object and returns its
-// index. Both are called with the table's mutex held.
-struct IrSource {
-    std::function<void(int32_t)> rule;
-    std::function<int32_t(uintptr_t)> node;
 };
 
 // The nodes open in a recursion that cuts cycles (nullable, byte_classes): per expression, the
@@ -82,6 +71,7 @@ struct Budget {
     double max_bytes;
     int64_t max_states;
     int max_nesting;
+    int64_t max_repeat;  // grammars.analysis.MAX_REPEAT: the most iterations a repetition may require
 };
 
 // A filled-rows snapshot for walks: shared buffers stay alive while a walk reads them.
@@ -94,8 +84,7 @@ struct RowBuffers {
 
 class ExprCore {
 public:
-    ExprCore(FlatIr ir, Budget budget, IrSource source);
-    FlatIr& ir() { return ir_; }
+    ExprCore(FlatIr ir, Budget budget);
 
     std::recursive_mutex& mutex() { return mutex_; }
 
@@ -103,16 +92,16 @@ public:
     void begin_work();
     void end_work();
 
-    void set_rule_lengths(const std::vector<double>& lengths);
+    // The shortest string of each rule (INF: unproductive), as grammars.analysis.measure_rules
+    // finds it with `exact` searching the derivatives of intersections and complements: a first
+    // pass takes each at a lower bound (the longest member; 0), a second measures again, exactly,
+    // the rules whose length took one, each strongly connected component after the rules it
+    // uses (their exact lengths are the table's by then). The table's lengths are the exact ones
+    // afterwards; returns the first pass's, whose INF marks a rule empty by its structure alone.
+    std::vector<double> measure_rules();
+    std::vector<double> rule_lengths() const { return rule_min_; }
     int32_t convert(int32_t node);        // intern flat IR node `node`
-    int32_t node_of(uintptr_t source);  // the flat node read from `source` (read now if it was not)
     int32_t ref(int32_t rule);            // the start state of a rule (NOTHING if unproductive)
-    double exact_min(int32_t node) { return min_completion(convert(node)); }
-    // Reads every rule body not read yet, then lets go of the IR: what it read is all the table
-    // needs, and the IR objects, alive, would weigh on every collection of Python's garbage
-    // collector for as long as the grammar lives. Nothing is read by identity afterwards. Returns
-    // the reader, for the caller to drop where it may (with Python's GIL).
-    IrSource release_source();
 
     size_t size() const { return exprs_.size(); }
     size_t estimated_bytes() const;
@@ -168,7 +157,7 @@ private:
     void rehash();
     uint64_t hash_of(uint8_t kind, const int64_t* a, uint32_t n) const;
     void check_budget() const;
-    void nodes_added();  // checks the nodes read since the last call and sizes the per-node arrays
+    void check_ir();  // checks the flat IR and sizes the per-node arrays
 
     int32_t mk_bytes(const ByteSet& m);
     int32_t mk_seq(int32_t a, int32_t b);
@@ -184,7 +173,25 @@ private:
     double unordered_min(int32_t d, const uint64_t* seen, int64_t count) const;
     int32_t expand_unordered(int32_t e);
     ByteSet unordered_first(int32_t e);
-    double ir_min(int32_t node, std::unordered_map<int32_t, double>& memo);
+    // A measure of IR nodes' shortest strings (grammars.analysis.MinLength): the rules' lengths it
+    // reads references from; per node the length found (valid for good where the node holds no
+    // reference, else for this round: lengths inside a cycle are still falling) and whether it
+    // took a lower bound (an intersection or complement, unless they are searched: `exact`).
+    struct RuleMeasure {
+        bool exact;
+        std::vector<double>& lengths;
+        std::vector<double> value;
+        std::vector<uint32_t> round;  // 0: not measured
+        std::vector<uint8_t> took;
+        uint32_t now = 1;
+        bool took_any = false;
+        RuleMeasure(bool exact_, std::vector<double>& lengths_, size_t nodes)
+            : exact(exact_), lengths(lengths_) { resize(nodes); }
+        void resize(size_t nodes) { value.resize(nodes), round.resize(nodes, 0), took.resize(nodes, 0); }
+    };
+    double rule_ir_min(int32_t node, RuleMeasure& m);
+    bool measure_component(const std::vector<int32_t>& comp, bool self_loop, RuleMeasure& m);
+    void forget_completions();  // the shortest completions found, once the rules' lengths change
     int32_t body(int32_t rule);
     std::vector<int32_t> members(int32_t e) const;  // Alt/And members, or e itself
     template <class Out>
@@ -225,7 +232,6 @@ private:
 
     FlatIr ir_;
     Budget budget_;
-    IrSource source_;
     size_t n_masks_ = 0, n_unordered_ = 0;
     std::recursive_mutex mutex_;
     int work_depth_ = 0;
@@ -245,6 +251,8 @@ private:
     std::vector<int32_t> converted_;  // per flat node, -1 not yet
     std::vector<int32_t> rule_body_;  // per rule, -1 not yet
     std::vector<double> rule_min_;
+    std::vector<uint8_t> has_ref_;  // per flat node: whether it holds a reference to a rule
+    RuleMeasure lengths_{true, rule_min_, 0};  // exact, over the rules' lengths (an Unordered node's parts)
     std::vector<int32_t> aux_;  // per flat node: a Bytes node's index in masks, an Unordered's in required
 
     FlatMap deriv_;  // e * 256 + byte -> derivative

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
 
+from constrain.grammars.errors import UnsatisfiableError
+
 if TYPE_CHECKING:
     from constrain.grammars.analysis import RuleLengths
 
@@ -171,6 +173,10 @@ class Grammar:
     start: str = "start"
     # Human-readable notes from the front end (e.g. what a lenient compile relaxed).
     notes: tuple[str, ...] = field(default=())
+    # What to raise when no document matches, from a front end that can say why (the JSON Schema
+    # one names the first unsatisfiable place it met); raised where an emptiness is found by the
+    # structure alone (``check_satisfiable`` and the compiler), not for an intersection found empty.
+    unsatisfiable: UnsatisfiableError | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.start not in self.rules:
@@ -179,11 +185,19 @@ class Grammar:
     @cached_property
     def rule_lengths(self) -> RuleLengths:
         """Shortest match length per rule (``grammars.analysis.measure_rules``), computed once and
-        shared by the front end that checks satisfiability and the compiler (which measures again
-        only the rules whose length took a lower bound)."""
+        shared by ``check_satisfiable`` and the Python compiler (which measures again only the rules
+        whose length took a lower bound; the C++ one measures on its own)."""
         from constrain.grammars.analysis import measure_rules  # analysis builds on this module
 
         return measure_rules(self.rules)
+
+    def check_satisfiable(self) -> None:
+        """Raise ``unsatisfiable`` (an ``UnsatisfiableError``) when the start rule derives nothing
+        even with each intersection and complement taken at its lower bound; the compiler finds
+        the rest, searching them."""
+        if self.start not in self.min_lengths:
+            raise (self.unsatisfiable or UnsatisfiableError("grammar is unsatisfiable: its start rule derives "
+                                                             "no string")).with_traceback(None)
 
     @property
     def min_lengths(self) -> dict[str, float]:

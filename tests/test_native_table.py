@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.walks import expressions, regexes
+from support.walks import expressions, grammars, regexes
 
 import constrain
 from constrain.budget import BudgetExceededError, CompileBudget
@@ -27,7 +27,7 @@ from constrain.cache import Signatures
 from constrain.compiler import GrammarCompiler
 from constrain.derivatives import ExprTable, StateLimitError
 from constrain.grammars import ir
-from constrain.grammars.analysis import MAX_NESTING
+from constrain.grammars.analysis import MAX_NESTING, MAX_REPEAT
 from constrain.grammars.builtin import builtin_grammar, names
 from constrain.grammars.errors import GrammarError
 from constrain.grammars.json_schema import json_schema_to_grammar
@@ -102,6 +102,29 @@ def test_random_expressions_with_intersections_and_complements(node: ir.Node) ->
     for n in range(5):
         for s in itertools.product(b"ab", repeat=n):
             feed(py, nat, bytes(s))
+
+
+@settings(max_examples=300, deadline=None)
+@given(grammars())
+def test_rule_lengths_of_random_rules_match(grammar: ir.Grammar) -> None:
+    """The rules' shortest strings, measured in C++ (both passes, components in order), are the
+    twin's; so is which grammars are empty by their structure alone; so are the states."""
+    try:
+        py = ExprTable(grammar)
+    except GrammarError as e:
+        with pytest.raises(GrammarError, match=str(e)[:30]):
+            NativeExprTable(grammar)
+        return
+    nat = NativeExprTable(grammar)
+    assert nat.rule_lengths == py.rule_lengths
+    assert nat.empty_by_structure == py.empty_by_structure == (grammar.start not in grammar.min_lengths)
+    for n in range(4):
+        for s in itertools.product(b"ab", repeat=n):
+            try:
+                feed(py, nat, bytes(s))
+            except GrammarError as e:  # (which twin raises first is test_errors_are_the_twins_errors')
+                assert "left-recursive" in str(e)
+                return
 
 
 @settings(max_examples=150, deadline=None)
@@ -223,6 +246,13 @@ def test_errors_are_the_twins_errors() -> None:
             t = table(many, budget=CompileBudget(max_states=50))
             t.row(t.start)
         assert got.value.budget == "max_states" and got.value.limit == 50
+    huge = ir.Grammar({"start": ir.alt(ir.literal("x"), ir.ref("r")), "r": ir.repeat(ir.literal("a"), MAX_REPEAT + 1)})
+    messages = set()
+    for table in (ExprTable, NativeExprTable):
+        with pytest.raises(GrammarError, match="MAX_REPEAT") as got:
+            table(huge)
+        messages.add(str(got.value))
+    assert len(messages) == 1
     with pytest.raises(TypeError, match="native"):
         GrammarCompiler(native="yes")  # type: ignore[arg-type]
 

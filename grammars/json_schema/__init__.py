@@ -10,7 +10,7 @@ from constrain.grammars.ir import Grammar
 from constrain.grammars.json_schema.document import load_schema
 from constrain.grammars.json_schema.translate import Options, Translator
 
-__all__ = ["json_schema_to_grammar", "Options"]
+__all__ = ["json_schema_to_grammar", "translate_schema", "Options"]
 
 
 def json_schema_to_grammar(
@@ -49,24 +49,41 @@ def json_schema_to_grammar(
     indent=n)`` does (members on their own lines, ``": "`` after keys, ``[]``/``{}`` when empty);
     values may then nest at most 48 levels deep.
 
+    An unsatisfiable schema raises ``UnsatisfiableSchemaError`` naming the first unsatisfiable place
+    found; ``translate_schema`` leaves that question to the compiler, which raises the same.
+
     ``remote_schemas`` resolves ``$ref`` to other documents: a mapping from absolute URI (no
     fragment) to schema (dict, bool or JSON text), or a function taking the URI and returning the
     schema or None. Each such document keeps its own ``$id`` as the base of its references. Nothing
     is fetched from the network; a reference to a URI the registry does not know is a
     ``SchemaError`` naming the URI.
     """
-    for name, value, allowed in (("whitespace", whitespace, ("compact", "flexible")),
-                                 ("format_mode", format_mode, ("enforce", "annotation")),
-                                 ("unknown_format", unknown_format, ("error", "ignore")),
-                                 ("property_order", property_order, ("any", "declared"))):
+    grammar = translate_schema(schema, whitespace=whitespace, max_whitespace=max_whitespace, indent=indent,
+                               strict_properties=strict_properties, lenient=lenient,
+                               max_recursion_depth=max_recursion_depth, format_mode=format_mode,
+                               unknown_format=unknown_format, oneof_as_anyof=oneof_as_anyof,
+                               remote_schemas=remote_schemas, property_order=property_order)
+    grammar.check_satisfiable()
+    return grammar
+
+
+def translate_schema(schema: dict[str, Any] | bool | str, **options: Any) -> Grammar:
+    """``json_schema_to_grammar`` (same options) without its satisfiability check, for callers that
+    compile the grammar: the compiler measures the rules anyway, in C++, and raises the same error."""
+    unknown = sorted(set(options) - set(Options.__dataclass_fields__))
+    if unknown:
+        raise TypeError(f"json_schema_to_grammar() got an unexpected keyword argument {unknown[0]!r}")
+    o = Options(**options)
+    for name, value, allowed in (("whitespace", o.whitespace, ("compact", "flexible")),
+                                 ("format_mode", o.format_mode, ("enforce", "annotation")),
+                                 ("unknown_format", o.unknown_format, ("error", "ignore")),
+                                 ("property_order", o.property_order, ("any", "declared"))):
         if value not in allowed:
             raise ValueError(f"json_schema_to_grammar({name}) must be one of {allowed}, not {value!r}")
-    depth = 0 if max_recursion_depth is None else max_recursion_depth  # None: unbounded
-    for name, number in (("max_whitespace", max_whitespace), ("max_recursion_depth", depth)):
+    depth = 0 if o.max_recursion_depth is None else o.max_recursion_depth  # None: unbounded
+    for name, number in (("max_whitespace", o.max_whitespace), ("max_recursion_depth", depth)):
         if isinstance(number, bool) or not isinstance(number, int) or number < 0:
             raise ValueError(f"json_schema_to_grammar({name}) must be a non-negative int, not {number!r}")
-    if indent is not None and whitespace != "compact":
+    if o.indent is not None and o.whitespace != "compact":
         raise SchemaError("indent (pretty printing) and whitespace='flexible' exclude each other", "")
-    options = Options(whitespace, max_whitespace, indent, strict_properties, lenient, max_recursion_depth,
-                      format_mode, unknown_format, oneof_as_anyof, remote_schemas, property_order)
-    return Translator(load_schema(schema), options).run()
+    return Translator(load_schema(schema), o).run()

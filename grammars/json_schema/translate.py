@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
-from constrain.grammars.analysis import INFINITE
 from constrain.grammars.errors import RegexError, SchemaError, UnsatisfiableSchemaError
 from constrain.grammars.ir import (
     EMPTY,
@@ -206,13 +205,15 @@ class Translator:
             self.sink.define(name, alt(*[self.shape_ir(sh) for sh in shapes]))
         rules = self.sink.rules
         rules["start"] = start
-        grammar = Grammar(rules, "start", tuple(self.notes))
-        self._check_productive(grammar)
         if self.options.max_recursion_depth is not None:
             from constrain.grammars.json_schema.recursion import bound_recursion
 
-            grammar = Grammar(bound_recursion(rules, self.options.max_recursion_depth), "start", grammar.notes)
-        return grammar
+            rules = bound_recursion(rules, self.options.max_recursion_depth)
+        # Whether any document matches is the compiler's question (it measures the rules anyway,
+        # in C++); this is what it says if none does, naming the first unsatisfiable place found.
+        pointer, reason = next(iter(self._unsat.items()), ("#", "no finite JSON document satisfies it"))
+        return Grammar(rules, "start", tuple(self.notes),
+                       UnsatisfiableSchemaError(f"schema is unsatisfiable: {reason}", pointer))
 
     # ------------------------------------------------------------------ shapes
 
@@ -403,13 +404,3 @@ class Translator:
     def any_list(self) -> Node:
         return optional(seq(self.any_value(), repeat(seq(self.layout.comma, self.any_value()))))
 
-    # ------------------------------------------------------------------ finishing
-
-    def _check_productive(self, grammar: Grammar) -> None:
-        """Raise when no finite document matches; name the first unsatisfiable place found."""
-        if grammar.min_lengths.get("start", INFINITE) == INFINITE:
-            reason, where = "no finite JSON document satisfies it", "#"
-            for pointer, why in self._unsat.items():
-                reason, where = why, pointer
-                break
-            raise UnsatisfiableSchemaError(f"schema is unsatisfiable: {reason}", where)

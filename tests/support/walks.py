@@ -1,6 +1,7 @@
 """Hypothesis strategies shared by the native-vs-twin tests: random regexes over a few atoms
 (quotes, escapes, multi-byte characters, classes), small vocabularies over the same bytes, and IR
-expressions over the bytes ``ab`` with intersections and complements."""
+expressions over the bytes ``ab`` with intersections and complements, and grammars of a few such
+rules referring to each other (cycles included)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,14 @@ def _extend(children: st.SearchStrategy[ir.Node]) -> st.SearchStrategy[ir.Node]:
 
 
 expressions = st.recursive(ir_leaves, _extend, max_leaves=8)
+
+
+RULES = ("start", "r1", "r2")
+
+
+def grammars() -> st.SearchStrategy[ir.Grammar]:
+    """Three rules over ``expressions`` and references to each other: self and mutual recursion,
+    rules empty by structure or only by an intersection."""
+    leaves = st.one_of(ir_leaves, st.sampled_from([ir.ref(r) for r in RULES]))
+    bodies = st.recursive(leaves, _extend, max_leaves=6)
+    return st.tuples(bodies, bodies, bodies).map(lambda b: ir.Grammar(dict(zip(RULES, b))))
