@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 import numpy as np
@@ -18,9 +18,10 @@ V = TypeVar("V")
 # Python's own cost of a small container entry (key, pointers, object header), roughly.
 ENTRY_BYTES = 100
 
-# Per ``settle()``: at most this many growing values are weighed again (the least recently
-# weighed: weighing all of hundreds of grammars at every compile doubled the p50 compile) ...
-SETTLE_REWEIGHS = 16
+# Per ``settle()``: the growing values fetched or inserted since the last settle (they are the ones
+# in use, so growing) are weighed again, and this many others in turn, the least recently weighed
+# (weighing all of hundreds of grammars at every compile doubled the p50 compile) ...
+SETTLE_REWEIGHS = 4
 # ... and at most this many entries go (each may free a grown grammar's tables, 0.1-1 ms). A larger
 # debt is paid over the next settles.
 SETTLE_EVICTIONS = 64
@@ -63,8 +64,9 @@ class ByteBudgetCache:
 
     Past ``max_bytes`` (or ``max_entries``) the least recently used entries go. An insertion
     evicts only enough to make room for itself. A value that grows after insertion (``Growing``:
-    a compiled grammar) is weighed again by ``settle()``, a few per call in turn, which then pays
-    for the growth; ``nbytes`` weighs them all. Other values are weighed once.
+    a compiled grammar) is weighed again by ``settle()``, which then pays for the growth: those
+    fetched or inserted since the last settle (in use, so growing) and a few others in turn;
+    ``nbytes`` weighs them all. Other values are weighed once.
 
     Growth happens while masks are filled, and an insertion that paid for it there would free
     grammars inside a mask: 170 evictions, 27 ms, in one mask of bench/HISTORY.md's session 22.
@@ -85,6 +87,7 @@ class ByteBudgetCache:
         self._entries: dict[Hashable, Any] = {}
         self._sizes: dict[Hashable, int] = {}
         self._growing: dict[Hashable, None] = {}  # the least recently weighed first
+        self._touched: dict[Hashable, None] = {}  # growing values fetched or inserted since the last settle
         self._nbytes = 0
         self._lock = threading.Lock()
         self.hits = 0
@@ -100,7 +103,8 @@ class ByteBudgetCache:
     def nbytes(self) -> int:
         """Bytes held now (growing values weighed afresh)."""
         with self._lock:
-            self._reweigh()
+            if self._growing:  # (a grammar's own caches hold none: weighing one asks this of two)
+                self._reweigh(self._growing)
             return self._nbytes
 
     def get(self, key: Hashable) -> Any | None:
@@ -112,6 +116,8 @@ class ByteBudgetCache:
                 return None
             self.hits += 1
             self._entries[key] = got  # now the most recent
+            if key in self._growing:
+                self._touched[key] = None
             return got
 
     def get_or_make(self, key: Hashable, make: Callable[[], V]) -> V:
@@ -134,6 +140,7 @@ class ByteBudgetCache:
                 del self._entries[key]
                 self._nbytes -= old
                 self._growing.pop(key, None)
+                self._touched.pop(key, None)
             if self.max_bytes is not None and size > self.max_bytes:
                 return
             self._entries[key] = value
@@ -141,13 +148,17 @@ class ByteBudgetCache:
             self._nbytes += size
             if is_growing(value):
                 self._growing[key] = None
+                self._touched[key] = None
             self._evict(room=size)
 
     def settle(self) -> None:
-        """Weigh ``SETTLE_REWEIGHS`` growing values again, then evict down to the limits, at most
-        ``SETTLE_EVICTIONS`` entries (the rest of a larger debt waits for the next settle)."""
+        """Weigh again the growing values fetched or inserted since the last settle and
+        ``SETTLE_REWEIGHS`` others, then evict down to the limits, at most ``SETTLE_EVICTIONS``
+        entries (the rest of a larger debt waits for the next settle)."""
         with self._lock:
-            self._reweigh(SETTLE_REWEIGHS)
+            touched, self._touched = self._touched, {}
+            self._reweigh(touched)
+            self._reweigh(itertools.islice((k for k in self._growing if k not in touched), SETTLE_REWEIGHS))
             self._evict(room=None, most=SETTLE_EVICTIONS)
 
     def clear(self) -> None:
@@ -155,11 +166,12 @@ class ByteBudgetCache:
             self._entries.clear()
             self._sizes.clear()
             self._growing.clear()
+            self._touched.clear()
             self._nbytes = 0
 
-    def _reweigh(self, most: int | None = None) -> None:
-        """Weigh again the ``most`` least recently weighed growing values (None: all)."""
-        for key in list(itertools.islice(self._growing, most)):
+    def _reweigh(self, keys: Iterable[Hashable]) -> None:
+        """Weigh again the growing values under ``keys``; each is then the most recently weighed."""
+        for key in list(keys):
             del self._growing[key]
             self._growing[key] = None  # now the most recently weighed
             now = nbytes_of(self._entries[key])
@@ -179,6 +191,7 @@ class ByteBudgetCache:
             key = next(iter(self._entries))
             del self._entries[key]
             self._growing.pop(key, None)
+            self._touched.pop(key, None)
             size = self._sizes.pop(key)
             self._nbytes -= size
             freed += size

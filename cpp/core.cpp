@@ -291,98 +291,135 @@ public:
     void read_rules(constrain::FlatIr& ir) {
         ir.offsets.assign(1, 0);
         ir.rule_nodes.assign(nb::len(rules_), -1);
-        for (size_t r = 0; r < ir.rule_nodes.size(); ++r) ir.rule_nodes[r] = read(ir, rules_[r]);
+        for (size_t r = 0; r < ir.rule_nodes.size(); ++r) ir.rule_nodes[r] = read(ir, rules_[r].ptr());
     }
 
 private:
-    int32_t read(constrain::FlatIr& ir, nb::handle root) {
-        auto& index = index_;
-        std::vector<std::pair<nb::object, bool>> stack;
-        std::vector<nb::object> parts;
-        stack.emplace_back(nb::borrow(root), false);
-        while (!stack.empty()) {
-            auto [node, ready] = std::move(stack.back());
-            stack.pop_back();
-            if (index.count(key(node))) continue;
+    // Post-order without recursion. Pointers are borrowed: every node is held by its parent (a rule
+    // body by `rules_`), and the IR is immutable while it is read.
+    int32_t read(constrain::FlatIr& ir, PyObject* root) {
+        if (const int32_t* got = index_.find(key(root))) return *got;
+        struct Open {
+            PyObject* node;
+            int32_t kind;
+            size_t parts, next;  // its parts are parts_[parts ..), the next one to read at parts + next
+        };
+        std::vector<Open> open;
+        auto enter = [&](PyObject* node) {
             const int32_t k = kind_of(node);
-            parts_of(node, k, parts);
-            if (!ready) {
-                stack.emplace_back(node, true);
-                for (size_t i = parts.size(); i-- > 0;)
-                    if (!index.count(key(parts[i]))) stack.emplace_back(parts[i], false);
+            open.push_back({node, k, parts_.size(), 0});
+            parts_of(node, k);
+        };
+        enter(root);
+        while (!open.empty()) {
+            Open& top = open.back();
+            const size_t n_parts = parts_.size() - top.parts;
+            if (top.next < n_parts) {
+                PyObject* part = parts_[top.parts + top.next++];
+                if (!index_.find(key(part))) enter(part);  // (`top` may move)
                 continue;
             }
-            int64_t p0 = 0, p1 = 0;
-            if (k == constrain::IR_BYTES) {
-                nb::bytes data = nb::borrow<nb::bytes>(node.attr(mask_).attr("to_bytes")(32, "little"));
-                ByteSet m;
-                std::memcpy(m.data(), data.c_str(), 32);
-                ir.masks.push_back(m);
-            } else if (k == constrain::IR_REPEAT || k == constrain::IR_UNORDERED) {
-                p0 = nb::cast<int64_t>(node.attr(min_));
-                nb::object hi = node.attr(max_);
-                p1 = hi.is_none() ? -1 : nb::cast<int64_t>(hi);
-                if (k == constrain::IR_UNORDERED) {
-                    nb::tuple required = nb::borrow<nb::tuple>(node.attr(required_));
-                    std::vector<uint64_t> words((nb::len(required) + 63) / 64, 0);
-                    for (size_t j = 0; j < nb::len(required); ++j)
-                        if (nb::cast<bool>(required[j])) words[j / 64] |= uint64_t(1) << (j % 64);
-                    ir.required.push_back(std::move(words));
-                }
-            } else if (k == constrain::IR_REF) {
-                nb::object name = node.attr(name_);
-                PyObject* found = PyDict_GetItemWithError(rule_ids_.ptr(), name.ptr());  // borrowed
-                if (found == nullptr && PyErr_Occurred()) throw nb::python_error();
-                if (found != nullptr) {
-                    p0 = nb::cast<int64_t>(nb::handle(found));
-                } else {
-                    p0 = -1;
-                    p1 = static_cast<int64_t>(ir.undefined_names.size());
-                    ir.undefined_names.push_back(nb::repr(name).c_str());
-                }
-            }
-            index.emplace(key(node), static_cast<int32_t>(ir.kind.size()));
-            ir.kind.push_back(k);
-            for (const auto& c : parts) ir.children.push_back(index.at(key(c)));
-            ir.offsets.push_back(static_cast<int32_t>(ir.children.size()));
-            ir.p0.push_back(p0);
-            ir.p1.push_back(p1);
+            emit(ir, top);
+            parts_.resize(top.parts);
+            open.pop_back();
         }
-        return index.at(key(root));
+        return *index_.find(key(root));
     }
 
-    static uintptr_t key(nb::handle node) { return reinterpret_cast<uintptr_t>(node.ptr()); }
-
-    int32_t kind_of(nb::handle node) const {
-        for (int32_t k = 0; k < 8; ++k)
-            if (Py_TYPE(node.ptr()) == types_[k]) return k;
-        for (int32_t k = 0; k < 8; ++k)
-            if (PyObject_TypeCheck(node.ptr(), types_[k])) return k;
-        throw nb::type_error(("not an IR node: " + std::string(nb::repr(node).c_str())).c_str());
+    template <class Open>
+    void emit(constrain::FlatIr& ir, const Open& o) {
+        const int32_t k = o.kind;
+        nb::handle node(o.node);
+        int64_t p0 = 0, p1 = 0;
+        if (k == constrain::IR_BYTES) {
+            nb::object mask = node.attr(mask_);
+            ByteSet m;
+            if (!PyLong_Check(mask.ptr()) || !bytes_of(mask.ptr(), m)) throw nb::type_error("ExprCore: a Bytes mask is an int of 256 bits");
+            ir.masks.push_back(m);
+        } else if (k == constrain::IR_REPEAT || k == constrain::IR_UNORDERED) {
+            p0 = nb::cast<int64_t>(node.attr(min_));
+            nb::object hi = node.attr(max_);
+            p1 = hi.is_none() ? -1 : nb::cast<int64_t>(hi);
+            if (k == constrain::IR_UNORDERED) {
+                nb::tuple required = nb::borrow<nb::tuple>(node.attr(required_));
+                std::vector<uint64_t> words((nb::len(required) + 63) / 64, 0);
+                for (size_t j = 0; j < nb::len(required); ++j)
+                    if (nb::cast<bool>(required[j])) words[j / 64] |= uint64_t(1) << (j % 64);
+                ir.required.push_back(std::move(words));
+            }
+        } else if (k == constrain::IR_REF) {
+            nb::object name = node.attr(name_);
+            PyObject* found = PyDict_GetItemWithError(rule_ids_.ptr(), name.ptr());  // borrowed
+            if (found == nullptr && PyErr_Occurred()) throw nb::python_error();
+            if (found != nullptr) {
+                p0 = nb::cast<int64_t>(nb::handle(found));
+            } else {
+                p0 = -1;
+                p1 = static_cast<int64_t>(ir.undefined_names.size());
+                ir.undefined_names.push_back(nb::repr(name).c_str());
+            }
+        }
+        index_.set(key(o.node), static_cast<int32_t>(ir.kind.size()));
+        ir.kind.push_back(k);
+        for (size_t i = o.parts; i < parts_.size(); ++i) ir.children.push_back(*index_.find(key(parts_[i])));
+        ir.offsets.push_back(static_cast<int32_t>(ir.children.size()));
+        ir.p0.push_back(p0);
+        ir.p1.push_back(p1);
     }
 
-    void parts_of(nb::handle node, int32_t k, std::vector<nb::object>& out) const {
-        out.clear();
+    // A non-negative int below 2**256 as little-endian words; false if it is not one.
+    static bool bytes_of(PyObject* value, ByteSet& out) {
+#if PY_VERSION_HEX >= 0x030D0000
+        const Py_ssize_t n = PyLong_AsNativeBytes(value, out.data(), 32,
+                                                  Py_ASNATIVEBYTES_LITTLE_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER |
+                                                      Py_ASNATIVEBYTES_REJECT_NEGATIVE);
+        if (n < 0) PyErr_Clear();
+        return n >= 0 && n <= 32;
+#else
+        const int r = _PyLong_AsByteArray(reinterpret_cast<PyLongObject*>(value),
+                                          reinterpret_cast<unsigned char*>(out.data()), 32, 1, 0);
+        if (r < 0) PyErr_Clear();
+        return r == 0;
+#endif
+    }
+
+    static int64_t key(PyObject* node) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(node)); }  // (user space: >= 0)
+
+    int32_t kind_of(PyObject* node) const {
+        for (int32_t k = 0; k < 8; ++k)
+            if (Py_TYPE(node) == types_[k]) return k;
+        for (int32_t k = 0; k < 8; ++k)
+            if (PyObject_TypeCheck(node, types_[k])) return k;
+        throw nb::type_error(("not an IR node: " + std::string(nb::repr(nb::handle(node)).c_str())).c_str());
+    }
+
+    // The parts of `node` (items; extra, first, sep, last; item) onto parts_, borrowed.
+    void parts_of(PyObject* node, int32_t k) {
+        auto part = [&](const nb::str& name) {
+            nb::object value = nb::handle(node).attr(name);
+            parts_.push_back(value.ptr());  // (held by `node` after `value` goes)
+        };
         if (k == constrain::IR_SEQ || k == constrain::IR_ALT || k == constrain::IR_AND || k == constrain::IR_UNORDERED) {
-            nb::object items = node.attr(items_);
+            nb::object items = nb::handle(node).attr(items_);
             if (!PyTuple_Check(items.ptr())) throw nb::type_error("ExprCore: an IR node's items must be a tuple");
             const Py_ssize_t n = PyTuple_GET_SIZE(items.ptr());
-            for (Py_ssize_t i = 0; i < n; ++i) out.push_back(nb::borrow(PyTuple_GET_ITEM(items.ptr(), i)));
+            for (Py_ssize_t i = 0; i < n; ++i) parts_.push_back(PyTuple_GET_ITEM(items.ptr(), i));
             if (k == constrain::IR_UNORDERED)
-                for (const nb::str& part : parts_) out.push_back(node.attr(part));
+                for (const nb::str& name : parts_names_) part(name);
         } else if (k == constrain::IR_NOT || k == constrain::IR_REPEAT) {
-            out.push_back(node.attr(item_));
+            part(item_);
         }
     }
 
     nb::list rules_;
     nb::dict rule_ids_;
-    std::unordered_map<uintptr_t, int32_t> index_;  // the identity of each node read -> its index
+    constrain::FlatMap index_;  // the identity of each node read -> its index
+    std::vector<PyObject*> parts_;  // the parts of the nodes open in `read`
     PyTypeObject* types_[8];
     // Attribute names interned once: a name made per lookup would cost more than the lookup.
     nb::str items_ = interned("items"), item_ = interned("item"), mask_ = interned("mask"), min_ = interned("min"),
             max_ = interned("max"), required_ = interned("required"), name_ = interned("name");
-    nb::str parts_[4] = {interned("extra"), interned("first"), interned("sep"), interned("last")};
+    nb::str parts_names_[4] = {interned("extra"), interned("first"), interned("sep"), interned("last")};
 };
 
 // The whole IR is read here, once: the table keeps no Python object of it (alive, the IR objects

@@ -221,9 +221,10 @@ def test_growth_is_paid_at_the_next_compile(byte_vocab) -> None:
     assert compiler.compile_regex("[a-z]{0,2000}", byte_vocab) is not grown
 
 
-def test_settle_weighs_a_few_growing_values_in_turn() -> None:
+def test_settle_weighs_the_values_in_use_and_a_few_others_in_turn() -> None:
     """Weighing hundreds of grammars at every compile doubled the p50 compile: each settle weighs
-    ``SETTLE_REWEIGHS`` of them, the least recently weighed first, so each is weighed again within
+    the growing values fetched or inserted since the last one (in use, so growing) and
+    ``SETTLE_REWEIGHS`` others, the least recently weighed first, so each is weighed again within
     len(growing) / SETTLE_REWEIGHS settles."""
     weighed: list[int] = []
 
@@ -240,13 +241,19 @@ def test_settle_weighs_a_few_growing_values_in_turn() -> None:
     for v in values:
         cache.put(v.i, v)
     weighed.clear()
+    cache.settle()  # every one was inserted since: all weighed
+    assert weighed == [v.i for v in values]
+    weighed.clear()
     for v in values:
         v.size = 1000
     cache.settle()
     assert weighed == list(range(SETTLE_REWEIGHS))
+    weighed.clear()
+    assert cache.get(len(values) - 1) is values[-1]
+    cache.settle()  # the one fetched, then the next in turn
+    assert weighed == [len(values) - 1, *range(SETTLE_REWEIGHS, 2 * SETTLE_REWEIGHS)]
     cache.settle()
-    cache.settle()
-    assert sorted(weighed) == list(range(len(values)))
+    assert sorted(set(weighed) | set(range(SETTLE_REWEIGHS))) == list(range(len(values)))
     assert cache._nbytes == 1000 * len(values)
 
 

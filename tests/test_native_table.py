@@ -109,13 +109,16 @@ def test_random_expressions_with_intersections_and_complements(node: ir.Node) ->
 def test_rule_lengths_of_random_rules_match(grammar: ir.Grammar) -> None:
     """The rules' shortest strings, measured in C++ (both passes, components in order), are the
     twin's; so is which grammars are empty by their structure alone; so are the states."""
-    try:
-        py = ExprTable(grammar)
-    except GrammarError as e:
-        with pytest.raises(GrammarError, match=str(e)[:30]):
-            NativeExprTable(grammar)
+    tables, errors = [], []
+    for table in (ExprTable, NativeExprTable):
+        try:
+            tables.append(table(grammar))
+        except GrammarError as e:
+            errors.append(str(e))
+    if errors:  # left recursion met while searching an exact length: which twin meets it first may differ
+        assert len(set(errors)) == 1 and (len(errors) == 2 or "left-recursive" in errors[0]), errors
         return
-    nat = NativeExprTable(grammar)
+    py, nat = tables
     assert nat.rule_lengths == py.rule_lengths
     assert nat.empty_by_structure == py.empty_by_structure == (grammar.start not in grammar.min_lengths)
     for n in range(4):
