@@ -18,7 +18,8 @@ DEFAULT_MAX_STATES = 2_000_000
 class CompileBudget:
     """Limits on the work one compiled grammar may do, first compile and lazy growth together.
 
-    ``seconds``: wall time spent creating states and rows; ``max_bytes``: an estimate of the
+    ``seconds``: wall time spent translating a JSON Schema (its front end), and again spent
+    creating states and rows; ``max_bytes``: an estimate of the
     grammar's own memory (expressions, transition rows, caches); ``max_states``: interned
     expressions (automaton states).
     """

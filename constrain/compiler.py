@@ -18,11 +18,11 @@ import numpy as np
 from constrain import native_derivatives
 from constrain.arguments import check_index, check_instance, check_int
 from constrain.automaton import TokenAutomaton
-from constrain.budget import DEFAULT_BUDGET, CompileBudget
+from constrain.budget import DEFAULT_BUDGET, BudgetExceededError, CompileBudget
 from constrain.cache import ByteBudgetCache, Signatures
 from constrain.derivatives import ExprTable
 from constrain.grammars import ir
-from constrain.grammars.errors import GrammarError, UnsatisfiableError
+from constrain.grammars.errors import GrammarError, TimeLimitError, UnsatisfiableError
 from constrain.matcher import TERMINATED, Matcher
 from constrain.native_derivatives import NativeExprTable
 from constrain.vocabulary import Vocabulary
@@ -47,7 +47,7 @@ class CompiledGrammar:
                 "vocabulary has no stop (EOS) token: a constrained sequence could never end; "
                 "pass eos_token_ids when building the Vocabulary"
             )
-        self._notes = grammar.notes  # (the grammar itself is not kept: see ``ExprCore.release_source``)
+        self._notes = grammar.notes  # (the grammar itself is not kept: the C++ table reads its IR whole and keeps none of it)
         self.vocab = vocab
         self.budget = budget
         if native is None:
@@ -187,7 +187,8 @@ class GrammarCompiler:
         """Compile a JSON Schema (dict, bool or JSON text). Options go to the JSON Schema front end.
 
         Raises ``grammars.errors.SchemaError`` naming the keyword and JSON pointer of anything that
-        cannot be enforced.
+        cannot be enforced, ``BudgetExceededError`` when translating it takes longer than the
+        budget's ``seconds``.
         """
         from constrain.grammars.json_schema import translate_schema
 
@@ -196,7 +197,15 @@ class GrammarCompiler:
         chosen = self._check_budget(budget, "compile_json_schema(budget)", self.budget)
         text = schema if isinstance(schema, str) else json.dumps(schema)  # key order matters (property_order="declared")
         key = ("json_schema", text, vocab.fingerprint, chosen, _options_key(options))
-        return self._cached(key, lambda: self._compile(translate_schema(schema, **options), vocab, chosen))
+
+        def build() -> CompiledGrammar:
+            try:
+                grammar = translate_schema(schema, seconds=chosen.seconds, **options)
+            except TimeLimitError as e:  # the front end's share of the budget: the same error as the core's
+                raise BudgetExceededError("seconds", chosen.seconds, str(e)) from None
+            return self._compile(grammar, vocab, chosen)
+
+        return self._cached(key, build)
 
     def compile_regex(self, pattern: str, vocab: Vocabulary, *, budget: CompileBudget | None = None) -> CompiledGrammar:
         """Compile a regular expression (Python ``re`` syntax subset) that must match the whole output."""

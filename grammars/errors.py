@@ -41,6 +41,15 @@ class UnsatisfiableSchemaError(SchemaError, UnsatisfiableError):
     """A JSON Schema that no document satisfies; ``pointer`` names the first unsatisfiable place found."""
 
 
+class TimeLimitError(GrammarError):
+    """A front end that ran past its time limit (at compile: ``CompileBudget.seconds``)."""
+
+    def __init__(self, seconds: float, pointer: str) -> None:
+        super().__init__(f"translating the schema took more than {seconds:g} s (stopped at {pointer or '#'})")
+        self.seconds = seconds
+        self.pointer = pointer
+
+
 class LarkGrammarError(GrammarError):
     """A Lark grammar that is malformed or uses a feature we do not support."""
 

@@ -105,6 +105,17 @@ def test_five_megabyte_schema_is_bounded(vocab) -> None:
     assert accepts(compiled, '{"field_000007":"ok"}')
 
 
+def test_a_schema_whose_translation_outlasts_the_budget_stops_there(vocab) -> None:
+    """The front end keeps to the budget's ``seconds`` too: a compile past it raises the budget's
+    error naming the translation, not a result some seconds later (a limit no schema can meet)."""
+    props = {f"p{i}": {"type": "object", "properties": {"q": {"type": "integer"}}} for i in range(50)}
+    with pytest.raises(constrain.BudgetExceededError, match="translating the schema took more than") as got:
+        constrain.compile_json_schema({"type": "object", "properties": props}, vocab,
+                                      budget=constrain.CompileBudget(seconds=1e-9))
+    assert got.value.budget == "seconds"
+    assert constrain.compile_json_schema({"type": "object", "properties": props}, vocab)  # the default budget
+
+
 def test_vocabulary_without_eos(vocab) -> None:
     no_eos = constrain.Vocabulary.from_token_bytes([b"a", b"{", b"}"], eos_token_ids=[])
     with pytest.raises(GrammarError, match="EOS"):

@@ -67,9 +67,10 @@ def json_schema_to_grammar(
     return grammar
 
 
-def translate_schema(schema: dict[str, Any] | bool | str, **options: Any) -> Grammar:
+def translate_schema(schema: dict[str, Any] | bool | str, *, seconds: float | None = None, **options: Any) -> Grammar:
     """``json_schema_to_grammar`` (same options) without its satisfiability check, for callers that
-    compile the grammar: the compiler measures the rules anyway, in C++, and raises the same error."""
+    compile the grammar: the compiler measures the rules anyway, in C++, and raises the same error.
+    ``seconds``: a time limit (``TimeLimitError`` past it; the compiler passes its budget's)."""
     unknown = sorted(set(options) - set(Options.__dataclass_fields__))
     if unknown:
         raise TypeError(f"json_schema_to_grammar() got an unexpected keyword argument {unknown[0]!r}")
@@ -86,4 +87,4 @@ def translate_schema(schema: dict[str, Any] | bool | str, **options: Any) -> Gra
             raise ValueError(f"json_schema_to_grammar({name}) must be a non-negative int, not {number!r}")
     if o.indent is not None and o.whitespace != "compact":
         raise SchemaError("indent (pretty printing) and whitespace='flexible' exclude each other", "")
-    return Translator(load_schema(schema), o).run()
+    return Translator(load_schema(schema), o, seconds).run()

@@ -10,12 +10,13 @@ the branches it overlaps. Anything left over is reported, never guessed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
-from constrain.grammars.errors import SchemaError
+from constrain.grammars.errors import SchemaError, TimeLimitError
 from constrain.grammars.json_schema.document import Document, Sub
 from constrain.grammars.json_schema.literals import dedupe_values, hashable
 from constrain.grammars.json_schema.numbers import Bound, to_decimal
@@ -69,8 +70,10 @@ class Normalizer:
     """Flattens subschemas of one document into shapes (memoized per subschema)."""
 
     def __init__(self, doc: Document, *, oneof_as_anyof: bool, lenient: bool, note: Callable[[str], None],
-                 valid: Callable[..., bool | None]) -> None:
+                 valid: Callable[..., bool | None], seconds: float | None = None) -> None:
         self.doc = doc
+        self.seconds = seconds
+        self._deadline = None if seconds is None else time.monotonic() + seconds
         self.oneof_as_anyof = oneof_as_anyof
         self.lenient = lenient
         self.note = note
@@ -84,6 +87,12 @@ class Normalizer:
         self._narrowed = False
         self.why_not: dict[tuple[int, str], str] = {}  # negated subschema -> the keyword with no opposite
         self.last_unsat = ("no value satisfies every subschema", "#")
+
+    def check_time(self, pointer: str) -> None:
+        """Raise ``TimeLimitError`` past the time limit: the translation's loops ask it per rule and
+        per row of a product, so no schema keeps a compile past its budget."""
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            raise TimeLimitError(self.seconds or 0.0, pointer)
 
     # ------------------------------------------------------------------ flattening
 
@@ -204,6 +213,7 @@ class Normalizer:
         out: list[Shape] = []
         reasons: list[str] = []
         for a in left:
+            self.check_time(sub.pointer)
             for b in right:
                 m = a.merge(b)
                 if not m.empty and "object" in m.types and len(m.objects) > 1:

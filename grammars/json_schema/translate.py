@@ -114,7 +114,7 @@ def _compact_any_body(ws: Node) -> Node:
 class Translator:
     """Builds the rules of one grammar from one schema document."""
 
-    def __init__(self, root: Any, options: Options) -> None:
+    def __init__(self, root: Any, options: Options, seconds: float | None = None) -> None:
         self.options = options
         self.doc = Document(root, options.remote_schemas)
         self.sink = RuleSink()
@@ -123,7 +123,8 @@ class Translator:
         self._names: dict[tuple, str] = {}
         self._queue: deque[tuple[str, list[Sub], str, int]] = deque()
         self.norm = Normalizer(self.doc, oneof_as_anyof=options.oneof_as_anyof, lenient=options.lenient,
-                               note=self.notes.setdefault, valid=ValidityOracle(self.doc, options.format_mode).valid)
+                               note=self.notes.setdefault, valid=ValidityOracle(self.doc, options.format_mode).valid,
+                               seconds=seconds)
         if options.whitespace == "flexible":
             ws: Node = repeat(_WS_BYTES, 0, max(options.max_whitespace, 0))
         elif options.whitespace == "compact":
@@ -198,6 +199,7 @@ class Translator:
         start = self.value_rule([self.doc.root_sub], "#", depth=0)
         while self._queue:
             name, subs, pointer, depth = self._queue.popleft()
+            self.norm.check_time(pointer)
             self.layout = self.layout_at(depth)
             shapes = self.shapes_of(subs)
             if not shapes:
