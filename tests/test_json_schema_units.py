@@ -258,3 +258,16 @@ def test_strict_properties_forbids_undeclared_keys():
     assert matches(g, b'{"a":1}') and not matches(g, b'{"a":1,"b":2}')
     g = json_schema_to_grammar({**schema, "additionalProperties": {"type": "string"}}, strict_properties=True)
     assert matches(g, b'{"a":1,"b":"x"}')
+
+
+def test_equal_leaf_schemas_share_one_rule_and_keep_their_meaning():
+    """Leaves equal but for annotations translate once; values of different JSON types (1, 1.0,
+    true) or floats of different spelling stay apart."""
+    props = {f"p{i}": {"type": "string", "description": f"field {i}"} for i in range(30)}
+    props |= {"one": {"const": 1}, "flag": {"const": True}, "half": {"const": 0.5}, "neg": {"const": -0.0}}
+    g = json_schema_to_grammar({"type": "object", "properties": props, "required": ["one", "flag"]})
+    assert len(g.rules) < 20  # one rule for the 30 strings, not 30
+    assert matches(g, b'{"one":1,"flag":true,"p3":"x","p29":"y"}')
+    assert not matches(g, b'{"one":true,"flag":true}')
+    assert not matches(g, b'{"one":1,"flag":1}')
+    assert matches(g, b'{"one":1,"flag":true,"half":0.5}')

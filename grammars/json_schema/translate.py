@@ -111,6 +111,39 @@ def _compact_any_body(ws: Node) -> Node:
     return _any_body(Layout.at(ws, None, 0), "any", False, lambda node: False)
 
 
+# Keywords that assert nothing and that no translation reads: left out of a leaf's content.
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "example", "$comment", "deprecated",
+                          "readOnly", "writeOnly"})
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _rule_key(sub: Sub) -> tuple[Any, ...]:
+    """Which rule a value satisfying ``sub`` gets: ``sub``'s identity (``Sub.key()``), or, for a leaf
+    (keywords with scalar values or lists of them, no dynamic reference), its content with the
+    annotations left out, so that equal leaves share one rule: a schema's dozens of
+    ``{"type": "string", "description": ...}`` properties, or of ``{"$ref": ...}`` to one
+    definition, translate once. Values are tagged with their types (``1``, ``1.0`` and ``True``
+    are equal in Python) and floats spelt exactly."""
+    schema = sub.schema
+    if type(schema) is dict and "$dynamicRef" not in schema and "$recursiveRef" not in schema:
+        content: list[tuple[Any, ...]] = []
+        for k, v in schema.items():
+            if k in _ANNOTATIONS:
+                continue
+            if isinstance(v, _SCALARS):
+                content.append((k, _scalar_key(v)))
+            elif type(v) is list and all(isinstance(x, _SCALARS) for x in v):
+                content.append((k, tuple([_scalar_key(x) for x in v])))
+            else:
+                return (id(schema), sub.base)
+        return ("leaf", tuple(content), sub.base)
+    return (id(schema), sub.base)
+
+
+def _scalar_key(v: Any) -> tuple[str, Any]:
+    return (type(v).__name__, repr(v) if type(v) is float else v)
+
+
 class Translator:
     """Builds the rules of one grammar from one schema document."""
 
@@ -177,7 +210,7 @@ class Translator:
         subs = kept
         if not subs:
             return self.any_value(depth)
-        key = tuple([(id(s.schema), s.base) for s in subs]) + ((depth,) if indent is not None else ())  # Sub.key()
+        key = tuple([_rule_key(s) for s in subs]) + ((depth,) if indent is not None else ())
         name = self._names.get(key)
         if name is None:
             label = "&".join(s.pointer for s in subs) + (f"@{depth}" if indent is not None else "")
