@@ -58,6 +58,9 @@ LIST_KEYWORDS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items"})
 MAP_KEYWORDS = frozenset({
     "properties", "patternProperties", "definitions", "$defs", "dependentSchemas", "dependencies",
 })
+# Keywords that assert nothing about a value (what a translation never reads).
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "example", "$comment", "deprecated",
+                         "readOnly", "writeOnly"})
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from constrain.grammars.json_schema.document import Document, Sub
+from constrain.grammars.json_schema.document import ANNOTATIONS, Document, Sub
 
 __all__ = ["ValidityOracle"]
 
 # Keywords that assert nothing: a schema made only of these accepts every value.
-_ANNOTATIONS = frozenset({
-    "title", "description", "default", "examples", "example", "$comment", "deprecated", "readOnly", "writeOnly",
-    "$schema", "$id", "id", "$anchor", "$defs", "definitions", "contentMediaType", "contentEncoding",
-})
+_ANNOTATIONS = ANNOTATIONS | {"$schema", "$id", "id", "$anchor", "$defs", "definitions", "contentMediaType",
+                              "contentEncoding"}
 _TYPE_NAMES = frozenset({"null", "boolean", "object", "array", "string", "number", "integer"})
 
 

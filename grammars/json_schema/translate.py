@@ -31,7 +31,7 @@ from constrain.grammars.ir import (
     seq,
 )
 from constrain.grammars.json_schema.building import Layout, RuleSink
-from constrain.grammars.json_schema.document import Document, Sub
+from constrain.grammars.json_schema.document import ANNOTATIONS, Document, Sub
 from constrain.grammars.json_schema.formats import KNOWN_FORMATS, format_ir
 from constrain.grammars.json_schema.json_strings import (
     ANY_CANONICAL_CHAR,
@@ -111,9 +111,6 @@ def _compact_any_body(ws: Node) -> Node:
     return _any_body(Layout.at(ws, None, 0), "any", False, lambda node: False)
 
 
-# Keywords that assert nothing and that no translation reads: left out of a leaf's content.
-_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "example", "$comment", "deprecated",
-                          "readOnly", "writeOnly"})
 _SCALARS = (str, int, float, bool, type(None))
 
 
@@ -128,7 +125,7 @@ def _rule_key(sub: Sub) -> tuple[Any, ...]:
     if type(schema) is dict and "$dynamicRef" not in schema and "$recursiveRef" not in schema:
         content: list[tuple[Any, ...]] = []
         for k, v in schema.items():
-            if k in _ANNOTATIONS:
+            if k in ANNOTATIONS:
                 continue
             if isinstance(v, _SCALARS):
                 content.append((k, _scalar_key(v)))
