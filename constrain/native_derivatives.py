@@ -52,7 +52,7 @@ class NativeExprTable(_core.ExprCore if _core is not None else object):  # type:
         self.signatures = Signatures() if signatures is None else signatures
         self._sigs: dict[int, int | None] = {}
         with self.work():
-            lower = self.measure_rules()
+            lower = self.measure_rules(names)
             self.start = self.ref(start)
         self.empty_by_structure = lower[start] == INFINITE
 

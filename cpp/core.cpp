@@ -538,9 +538,21 @@ void bind_expr_core(nb::module_& m) {
             std::lock_guard<std::recursive_mutex> g(c.mutex());
             c.end_work();
         })
-        .def("measure_rules", [](ExprCore& c) { return locked(c, [&] { return c.measure_rules(); }); },
+        .def("measure_rules",
+             [](ExprCore& c, nb::sequence names) {
+                 try {
+                     return locked(c, [&] { return c.measure_rules(); });
+                 } catch (const constrain::ComplementCycle& e) {
+                     nb::object err = nb::module_::import_("constrain.grammars.analysis")
+                                          .attr("complement_cycle_error")(names[e.rule], names[e.used]);
+                     PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
+                     throw nb::python_error();
+                 }
+             },
+             "names"_a,
              "Measure every rule's shortest string (grammars.analysis.measure_rules, intersections and complements "
-             "searched); return the lower bounds of the first pass (inf: a rule empty by its structure alone).")
+             "searched); return the lower bounds of the first pass (inf: a rule empty by its structure alone). "
+             "``names``: the rules' names, in order, for the error of a recursion through a complement.")
         .def_prop_ro("rule_lengths", [](ExprCore& c) { return locked(c, [&] { return c.rule_lengths(); }); },
                      "Each rule's shortest string (inf: unproductive), exact once measured.")
         .def("ref", [](ExprCore& c, int32_t rule) { return locked(c, [&] { return c.ref(rule); }); })

@@ -674,6 +674,7 @@ bool ExprCore::measure_component(const std::vector<int32_t>& comp, bool self_loo
         m.lengths[comp[0]] = rule_ir_min(ir_.rule_nodes[comp[0]], m);
         return m.took_any;
     }
+    check_complements(comp, m.visited);
     for (bool changed = true; changed; ++m.now) {
         changed = false;
         for (int32_t r : comp) {
@@ -685,6 +686,41 @@ bool ExprCore::measure_component(const std::vector<int32_t>& comp, bool self_loo
         }
     }
     return m.took_any;
+}
+
+// The twin's _check_complements: the first rule of the cycle (by index) that uses one of its rules
+// inside a Not, and the first rule it so uses.
+void ExprCore::check_complements(const std::vector<int32_t>& comp, std::vector<int32_t>& visited) {
+    std::vector<int32_t> rules(comp);
+    std::sort(rules.begin(), rules.end());
+    auto in_cycle = [&](int64_t r) { return r >= 0 && std::binary_search(rules.begin(), rules.end(), static_cast<int32_t>(r)); };
+    std::vector<int32_t> stack, under;
+    for (int32_t r : rules) {
+        int32_t used = -1;
+        stack.assign(1, ir_.rule_nodes[r]);
+        while (!stack.empty()) {
+            const int32_t n = stack.back();
+            stack.pop_back();
+            if (!has_ref_[n] || ir_.kind[n] == IR_REF || visited[n] == r) continue;
+            visited[n] = r;
+            if (ir_.kind[n] != IR_NOT) {
+                for (int32_t c = ir_.offsets[n]; c < ir_.offsets[n + 1]; ++c) stack.push_back(ir_.children[c]);
+                continue;
+            }
+            under.assign(1, ir_.children[ir_.offsets[n]]);  // grammars.analysis.refs of the Not's item
+            while (!under.empty()) {
+                const int32_t u = under.back();
+                under.pop_back();
+                if (!has_ref_[u]) continue;
+                if (ir_.kind[u] == IR_REF) {
+                    if (in_cycle(ir_.p0[u]) && (used < 0 || ir_.p0[u] < used)) used = static_cast<int32_t>(ir_.p0[u]);
+                } else {
+                    for (int32_t c = ir_.offsets[u]; c < ir_.offsets[u + 1]; ++c) under.push_back(ir_.children[c]);
+                }
+            }
+        }
+        if (used >= 0) throw ComplementCycle(r, used);
+    }
 }
 
 std::vector<double> ExprCore::measure_rules() {

@@ -37,6 +37,14 @@ constexpr int32_t EMPTY = 1;
 constexpr double INF = std::numeric_limits<double>::infinity();
 
 // What the Python side turns into its own exceptions (GrammarError, BudgetExceededError, ...).
+// Recursion through a complement (grammars.analysis.complement_cycle_error): rule `rule` uses rule
+// `used` of its own cycle inside a Not. The binding names them.
+struct ComplementCycle : std::exception {
+    int32_t rule, used;
+    ComplementCycle(int32_t r, int32_t u) : rule(r), used(u) {}
+    const char* what() const noexcept override { return "recursion through a complement"; }
+};
+
 struct CoreError : std::exception {
     enum Code { GRAMMAR, NESTING, SECONDS, MAX_BYTES, MAX_STATES } code;
     double limit;
@@ -183,14 +191,16 @@ private:
         std::vector<double> value;
         std::vector<uint32_t> round;  // 0: not measured
         std::vector<uint8_t> took;
+        std::vector<int32_t> visited;  // check_complements: the rule whose body last visited the node
         uint32_t now = 1;
         bool took_any = false;
         RuleMeasure(bool exact_, std::vector<double>& lengths_, size_t nodes)
             : exact(exact_), lengths(lengths_) { resize(nodes); }
-        void resize(size_t nodes) { value.resize(nodes), round.resize(nodes, 0), took.resize(nodes, 0); }
+        void resize(size_t nodes) { value.resize(nodes), round.resize(nodes, 0), took.resize(nodes, 0), visited.resize(nodes, -1); }
     };
     double rule_ir_min(int32_t node, RuleMeasure& m);
     bool measure_component(const std::vector<int32_t>& comp, bool self_loop, RuleMeasure& m);
+    void check_complements(const std::vector<int32_t>& comp, std::vector<int32_t>& visited);  // throws ComplementCycle
     void forget_completions();  // the shortest completions found, once the rules' lengths change
     int32_t body(int32_t rule);
     std::vector<int32_t> members(int32_t e) const;  // Alt/And members, or e itself

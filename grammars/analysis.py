@@ -11,7 +11,7 @@ from constrain.grammars.errors import GrammarError
 from constrain.grammars.ir import Node, alt, repeat, seq
 
 __all__ = ["children", "refs", "reachable_rules", "RefMapper", "cyclic_components", "rule_min_lengths", "measure_rules", "RuleLengths", "MinLength", "INFINITE",
-           "MAX_NESTING", "MAX_REPEAT", "nesting_error"]
+           "MAX_NESTING", "MAX_REPEAT", "nesting_error", "complement_cycle_error"]
 
 
 def children(node: Node) -> tuple[Node, ...]:
@@ -168,6 +168,36 @@ def nesting_error() -> GrammarError:
     return GrammarError(
         f"constraint nests more than {MAX_NESTING} levels deep (constrain.grammars.analysis.MAX_NESTING): "
         "flatten its deepest part (nested groups, properties or a chain of rules) or make it a recursive rule")
+
+
+def complement_cycle_error(rule: str, used: str) -> GrammarError:
+    """The error for recursion through a complement (``a: !b``, ``b: "" & a``: is "" in ``a``?
+    only if it is not), which no front end produces and neither table decodes."""
+    return GrammarError(
+        f"rule {rule!r} refers to rule {used!r} inside a complement (Not), and {used!r} leads back to {rule!r}: "
+        "recursion through a complement is not supported")
+
+
+def _check_complements(comp: list[str], rules: Mapping[str, Node], index: Mapping[str, int]) -> None:
+    """Raise ``complement_cycle_error`` where a rule of the cycle ``comp`` uses one of its rules
+    inside a ``Not``: naming the first such rule (in grammar order) and the first rule it so uses,
+    as the C++ table does."""
+    cycle = set(comp)
+    for name in sorted(comp, key=index.__getitem__):
+        used: set[str] = set()
+        stack, seen = [rules[name]], set()
+        while stack:
+            n = stack.pop()
+            kind = type(n)
+            if kind is ir.Ref or kind is ir.Bytes or n._min_length is not None or id(n) in seen:
+                continue  # (a node with a cached length is rule-free)
+            seen.add(id(n))
+            if kind is ir.Not:
+                used |= refs(n.item) & cycle  # type: ignore[attr-defined]
+            else:
+                stack.extend(children(n))
+        if used:
+            raise complement_cycle_error(name, min(used, key=index.__getitem__))
 
 
 class MinLength:
@@ -340,12 +370,13 @@ def measure_rules(rules: Mapping[str, Node], exact: Callable[[Node], float] | No
     lengths: dict[str, float] = {}
     bounded: set[str] = set()
     size = MinLength(lengths, exact)
+    index = {name: i for i, name in enumerate(rules)}
     for comp in strongly_connected_components(graph, rules):
         if known is not None and known.bounded.isdisjoint(comp):
             lengths.update((name, known.lengths[name]) for name in comp if name in known.lengths)
         else:
             bounds_before = size.bounds_seen
-            _measure_component(comp, rules, graph, lengths, size)
+            _measure_component(comp, rules, graph, lengths, size, index)
             if size.bounds_seen > bounds_before or any(not bounded.isdisjoint(graph[name]) for name in comp):
                 bounded.update(comp)
         if settled is not None:
@@ -367,11 +398,13 @@ def _bounds_exact(known: RuleLengths, exact: Callable[[Node], float]) -> bool:
 
 
 def _measure_component(comp: list[str], rules: Mapping[str, Node], graph: dict[str, set[str]],
-                       known: dict[str, float], size: MinLength) -> None:
-    """Lengths of one strongly connected component's rules into ``known``."""
+                       known: dict[str, float], size: MinLength, index: Mapping[str, int]) -> None:
+    """Lengths of one strongly connected component's rules into ``known`` (``index``: each rule's
+    place in ``rules``)."""
     if len(comp) == 1 and comp[0] not in graph[comp[0]]:
         known[comp[0]] = size(rules[comp[0]])
         return
+    _check_complements(comp, rules, index)
     changed = True
     while changed:
         changed = False
