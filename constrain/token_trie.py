@@ -64,6 +64,10 @@ class TokenTrie:
             lengths = np.fromiter((len(t or b"") for t in token_bytes), dtype=np.int64, count=len(token_bytes))
             data = np.frombuffer(b"".join(t or b"" for t in token_bytes), dtype=np.uint8)
             self._build(np.asarray(ids, dtype=np.int64), data, np.cumsum(lengths) - lengths, lengths)
+        # The node arrays never change once built: weighed here, not at each of the compiler
+        # cache's settles (this trie grows only by its packed trie's slices).
+        self._array_bytes = (sum(v.nbytes for v in vars(self).values() if isinstance(v, np.ndarray))
+                             + sum(level.parent.nbytes for level in self.levels))  # (a level's bytes are a view)
 
     @property
     def depth(self) -> int:
@@ -71,9 +75,7 @@ class TokenTrie:
 
     def estimated_bytes(self) -> int:
         """Bytes held: the node arrays and the packed trie with the slices it keeps (which grow)."""
-        arrays = sum(v.nbytes for v in vars(self).values() if isinstance(v, np.ndarray))
-        parents = sum(level.parent.nbytes for level in self.levels)  # (a level's bytes are a view)
-        return arrays + parents + (self.packed.nbytes if self.packed is not None else 0)
+        return self._array_bytes + (self.packed.nbytes if self.packed is not None else 0)
 
     def prefix(self, node: int) -> bytes:
         """The bytes that lead from the root to ``node``."""

@@ -249,7 +249,7 @@ class Document:
     def keywords(self, schema: Any) -> Any:
         """``schema`` without the keywords its dialect does not have (annotations there, as
         validators of that draft treat them: draft-04's ``const``, draft-07's ``prefixItems``...)."""
-        if not isinstance(schema, dict) or not self._foreign & schema.keys():
+        if not isinstance(schema, dict) or self._foreign.isdisjoint(schema):
             return schema
         got = self._own_keywords.get(id(schema))
         if got is None or got[0] is not schema:
