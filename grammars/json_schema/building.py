@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Protocol
 
 from constrain.grammars.ir import (
@@ -53,7 +54,9 @@ class Layout:
     last: Node  # after its last member
 
     @classmethod
+    @lru_cache(maxsize=64)
     def at(cls, ws: Node, indent: int | None, depth: int) -> Layout:
+        """The layout at ``depth`` (made once per process: a few whitespace options and depths)."""
         if indent is None:
             return cls(ws, None, depth, seq(ws, literal(","), ws), seq(ws, literal(":"), ws), EMPTY, EMPTY)
         inner = "\n" + " " * (indent * (depth + 1))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -111,7 +112,15 @@ def _compact_any_body(ws: Node) -> Node:
     return _any_body(Layout.at(ws, None, 0), "any", False, lambda node: False)
 
 
-_SCALARS = (str, int, float, bool, type(None))
+@lru_cache(maxsize=64)
+def _number_range(lo: tuple[str, bool] | None, hi: tuple[str, bool] | None, integer: bool) -> Node:
+    """``number_ir`` of a range given by ``_exact`` keys, made once per process: most number
+    properties of most schemas share a few ranges (none, >= 0, >= 1), and the digits of one cost
+    ~10% of a small schema's front end."""
+    def bound(key: tuple[str, bool] | None) -> Bound | None:
+        return None if key is None else Bound(Decimal(key[0]), key[1])
+
+    return number_ir(bound(lo), bound(hi), integer=integer)
 
 
 def _rule_key(sub: Sub) -> tuple[Any, ...]:
@@ -120,25 +129,37 @@ def _rule_key(sub: Sub) -> tuple[Any, ...]:
     annotations left out, so that equal leaves share one rule: a schema's dozens of
     ``{"type": "string", "description": ...}`` properties, or of ``{"$ref": ...}`` to one
     definition, translate once. Values are tagged with their types (``1``, ``1.0`` and ``True``
-    are equal in Python) and floats spelt exactly."""
+    are equal in Python) and floats spelt exactly; a value of another type (a subclass) makes
+    the schema no leaf."""
     schema = sub.schema
     if type(schema) is dict and "$dynamicRef" not in schema and "$recursiveRef" not in schema:
         content: list[tuple[Any, ...]] = []
         for k, v in schema.items():
             if k in ANNOTATIONS:
                 continue
-            if isinstance(v, _SCALARS):
-                content.append((k, _scalar_key(v)))
-            elif type(v) is list and all(isinstance(x, _SCALARS) for x in v):
-                content.append((k, tuple([_scalar_key(x) for x in v])))
+            kind = type(v)
+            if kind is list:
+                items = [_scalar_key(x) for x in v]
+                if None in items:
+                    return (id(schema), sub.base)
+                content.append((k, kind, tuple(items)))
             else:
-                return (id(schema), sub.base)
+                key = _scalar_key(v)
+                if key is None:
+                    return (id(schema), sub.base)
+                content.append((k, key))
         return ("leaf", tuple(content), sub.base)
     return (id(schema), sub.base)
 
 
-def _scalar_key(v: Any) -> tuple[str, Any]:
-    return (type(v).__name__, repr(v) if type(v) is float else v)
+def _scalar_key(v: Any) -> tuple[type, Any] | None:
+    """A JSON scalar with its type (floats by their exact spelling); None for anything else."""
+    kind = type(v)
+    if kind is str or kind is int or kind is bool or v is None:
+        return (kind, v)
+    if kind is float:
+        return (kind, repr(v))
+    return None
 
 
 class Translator:
@@ -166,7 +187,6 @@ class Translator:
             raise SchemaError(f"indent must be a non-negative integer, not {indent!r}", "")
         self._ws, self._indent = ws, indent
         self._layouts: dict[int, Layout] = {}  # per depth: the same separators for every rule there
-        self._numbers: dict[tuple[Any, ...], Node] = {}
         self._string_bodies: dict[tuple[Any, ...], Node] = {}
         self._patterns: dict[tuple[str, bool], Node] = {}
         self._key_literals: dict[str, Node] = {}
@@ -312,10 +332,7 @@ class Translator:
 
     def number_part(self, sh: Shape, integer: bool) -> Node:
         exponent_free = bool(sh.multiples or sh.excluded or sh.non_integer)
-        key = (_exact(sh.lo), _exact(sh.hi), integer)
-        node = self._numbers.get(key)  # made once per range: most number properties share theirs
-        if node is None:
-            node = self._numbers[key] = number_ir(sh.lo, sh.hi, integer=integer)
+        node = _number_range(_exact(sh.lo), _exact(sh.hi), integer)
         if exponent_free and node == ANY_NUMBER:
             node = _EXPONENT_FREE
         if sh.non_integer:
