@@ -271,3 +271,14 @@ def test_equal_leaf_schemas_share_one_rule_and_keep_their_meaning():
     assert not matches(g, b'{"one":true,"flag":true}')
     assert not matches(g, b'{"one":1,"flag":1}')
     assert matches(g, b'{"one":1,"flag":true,"half":0.5}')
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.characters(exclude_categories=())))
+def test_json_text_of_a_string_is_json_dumps_with_lone_surrogates_escaped(text: str) -> None:
+    """The fast path for plain strings and json.dumps agree, quotes, controls and surrogates included."""
+    from constrain.grammars.json_schema.json_strings import json_text
+
+    expected = "".join(f"\\u{ord(c):04x}" if 0xD800 <= ord(c) <= 0xDFFF else c
+                       for c in json.dumps(text, ensure_ascii=False))
+    assert json_text(text) == expected.encode("utf-8")

@@ -29,6 +29,9 @@ _SHORT_ESCAPES = {0x22: b'\\"', 0x5C: b"\\\\", 0x2F: b"\\/", 0x08: b"\\b", 0x0C:
 # Characters that may not appear raw inside a JSON string.
 _NOT_RAW = [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C)]
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# A string json.dumps(ensure_ascii=False) writes as it is, between quotes: no quote, backslash,
+# control character or lone surrogate (most keys and enum values).
+_PLAIN = re.compile(r'[^"\\\x00-\x1f\ud800-\udfff]*')
 _HIGH = (0xD800, 0xDBFF)
 _LOW = (0xDC00, 0xDFFF)
 
@@ -138,6 +141,8 @@ def string_body(min_length: int = 0, max_length: int | None = None, *, canonical
 def json_text(value: Any, **dumps_options: Any) -> bytes:
     """``json.dumps(value, ensure_ascii=False)`` as UTF-8, with lone surrogates escaped (``\\ud83d``):
     they have no UTF-8 encoding, and their raw bytes are not JSON text."""
+    if type(value) is str and not dumps_options and _PLAIN.fullmatch(value):
+        return b'"' + value.encode("utf-8") + b'"'  # (json.dumps would make an encoder: 5x the time)
     text = json.dumps(value, ensure_ascii=False, **dumps_options)
     return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode("utf-8")
 
