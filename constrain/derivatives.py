@@ -142,6 +142,9 @@ class ExprTable:
         self.row_done[NOTHING] = True
         self.rows[EMPTY] = NOTHING
         self.row_done[EMPTY] = True
+        # Rows filled: what the memory accounting counts (a row never filled stays an untouched
+        # zero page: the capacity would count ~15x a compiled schema's real memory).
+        self._rows_filled = 2
         if grammar.start not in self._rule_ids:
             raise GrammarError(f"grammar has no start rule {grammar.start!r}")
         with self.work():
@@ -201,7 +204,7 @@ class ExprTable:
     def estimated_bytes(self) -> int:
         """A rough estimate of this table's memory: expressions, their caches and the rows."""
         entries = sum(map(len, self._clamped.values())) + len(self._closure_bounds)
-        return len(self._kind) * EXPR_BYTES + len(self.row_done) * ROW_BYTES + entries * ENTRY_BYTES
+        return len(self._kind) * EXPR_BYTES + self._rows_filled * ROW_BYTES + entries * ENTRY_BYTES
 
     def _check_budget(self) -> None:
         """Raise ``BudgetExceededError`` once the current unit of work or the memory is over."""
@@ -1179,6 +1182,7 @@ class ExprTable:
         self._grow(max(s, len(self._kind)) + 1)
         self.rows[s] = out
         self.row_nullable[s] = self.nullable(s)
+        self._rows_filled += not self.row_done[s]
         self.row_done[s] = True
 
     def _grow(self, need: int) -> None:

@@ -217,7 +217,7 @@ void ExprCore::end_work() {
 size_t ExprCore::estimated_bytes() const {
     size_t entries = closure_bound_.size();
     for (const auto& [limit, memo] : clamped_) entries += memo.size();
-    return exprs_.size() * EXPR_BYTES + buffers_.capacity * ROW_BYTES + entries * ENTRY_BYTES;
+    return exprs_.size() * EXPR_BYTES + rows_filled_ * ROW_BYTES + entries * ENTRY_BYTES;
 }
 
 void ExprCore::check_budget() const {
@@ -1524,6 +1524,7 @@ void ExprCore::fill_row(int32_t s) {
     grow(std::max(static_cast<size_t>(s), exprs_.size()) + 1);
     std::memcpy(buffers_.rows.get() + static_cast<size_t>(s) * 256, out, sizeof out);
     buffers_.nullable[s] = nullable(s);
+    rows_filled_ += !buffers_.done[s];
     buffers_.done[s] = true;
 }
 

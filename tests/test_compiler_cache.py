@@ -55,9 +55,11 @@ def test_budget_reaches_the_automaton(byte_vocab) -> None:
 
 def test_least_recently_used_grammar_goes_first_under_a_small_budget(byte_vocab) -> None:
     probe = constrain.GrammarCompiler()
-    probe.compile_regex("x", byte_vocab)
+    probe.compile_regex("d+", byte_vocab)
     one = probe.cache_bytes  # the trie, the signature table and one grammar
-    compiler = constrain.GrammarCompiler(max_cache_bytes=int(one * 2.5))  # room for about two grammars
+    probe.compile_regex("e+", byte_vocab)
+    grammar = probe.cache_bytes - one
+    compiler = constrain.GrammarCompiler(max_cache_bytes=int(one + grammar * 1.5))  # room for about two grammars
     a = compiler.compile_regex("a+", byte_vocab)
     b = compiler.compile_regex("b+", byte_vocab)
     assert compiler.compile_regex("a+", byte_vocab) is a  # a is now the most recent
