@@ -141,15 +141,15 @@ def _rule_key(sub: Sub) -> tuple[Any, ...]:
             if kind is list:
                 items = [_scalar_key(x) for x in v]
                 if None in items:
-                    return (id(schema), sub.base)
+                    return sub.key()
                 content.append((k, kind, tuple(items)))
             else:
                 key = _scalar_key(v)
                 if key is None:
-                    return (id(schema), sub.base)
+                    return sub.key()
                 content.append((k, key))
         return ("leaf", tuple(content), sub.base)
-    return (id(schema), sub.base)
+    return sub.key()
 
 
 def _scalar_key(v: Any) -> tuple[type, Any] | None:
@@ -186,7 +186,6 @@ class Translator:
         if indent is not None and (isinstance(indent, bool) or not isinstance(indent, int) or indent < 0):
             raise SchemaError(f"indent must be a non-negative integer, not {indent!r}", "")
         self._ws, self._indent = ws, indent
-        self._layouts: dict[int, Layout] = {}  # per depth: the same separators for every rule there
         self._string_bodies: dict[tuple[Any, ...], Node] = {}
         self._patterns: dict[tuple[str, bool], Node] = {}
         self._key_literals: dict[str, Node] = {}
@@ -196,11 +195,8 @@ class Translator:
     # ------------------------------------------------------------------ bookkeeping
 
     def layout_at(self, depth: int) -> Layout:
-        """The document's ``Layout`` at ``depth``, made once per depth."""
-        got = self._layouts.get(depth)
-        if got is None:
-            got = self._layouts[depth] = Layout.at(self._ws, self._indent, depth)
-        return got
+        """The document's ``Layout`` at ``depth`` (``Layout.at`` keeps them, per process)."""
+        return Layout.at(self._ws, self._indent, depth)
 
     def note(self, text: str) -> None:
         self.notes.setdefault(text)
